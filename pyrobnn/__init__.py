@@ -1,0 +1,58 @@
+"""pyrobnn: Bayesian neural networks as Pyro models.
+
+A BNN is two Pyro callables: a :class:`BayesianModel` (an ordinary ``nn.Module`` whose chosen
+parameters have priors, plus a likelihood) and a guide from :mod:`pyrobnn.guides`. Train them
+with :func:`fit` or ``pyro.infer.SVI``; predict with :func:`predict` or
+``pyro.infer.Predictive``.
+"""
+
+from pyrobnn import kl  # registers the KL divergences with torch
+from pyrobnn.guides import (
+    ConcreteDropout,
+    GaussianDropout,
+    MCDropout,
+    MeanFieldNormal,
+    SparseVariationalDropout,
+    VariationalDropout,
+)
+from pyrobnn.infer import KLAnnealing, SplitELBO, SVITrainer, fit
+from pyrobnn.io import load, save
+from pyrobnn.likelihoods import (
+    BernoulliLikelihood,
+    CategoricalLikelihood,
+    GaussianLikelihood,
+    HeteroscedasticGaussianLikelihood,
+)
+from pyrobnn.models import MLP, BayesianModel, LeNet5, LeNet300100
+from pyrobnn.predict import predict
+from pyrobnn.priors import ARDPrior, LogUniformPrior, NormalPrior, ScaleMixturePrior
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BayesianModel",
+    "MLP",
+    "LeNet300100",
+    "LeNet5",
+    "NormalPrior",
+    "ScaleMixturePrior",
+    "LogUniformPrior",
+    "ARDPrior",
+    "GaussianLikelihood",
+    "HeteroscedasticGaussianLikelihood",
+    "CategoricalLikelihood",
+    "BernoulliLikelihood",
+    "MeanFieldNormal",
+    "VariationalDropout",
+    "SparseVariationalDropout",
+    "GaussianDropout",
+    "MCDropout",
+    "ConcreteDropout",
+    "fit",
+    "SVITrainer",
+    "SplitELBO",
+    "KLAnnealing",
+    "predict",
+    "save",
+    "load",
+]

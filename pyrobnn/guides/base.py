@@ -1,0 +1,125 @@
+"""What every pyrobnn guide shares."""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pyrobnn.params import announce_param
+
+__all__ = ["WeightGuide", "inverse_softplus", "site_key"]
+
+
+def inverse_softplus(x):
+    x = torch.as_tensor(x)
+    return x + torch.log(-torch.expm1(-x))
+
+
+def site_key(name: str) -> str:
+    """``nn.ParameterDict`` keys may not contain dots."""
+    return name.replace(".", ":")
+
+
+class WeightGuide(nn.Module):
+    r"""Base class of our guides: one variational factor per weight site of a
+    :class:`~pyrobnn.models.BayesianModel`, each placed at the site as the real distribution
+    (never a ``Delta`` fed from a hidden site), so that an analytic-KL ELBO
+    (``TraceMeanField_ELBO``) finds the registered KL and the estimators of
+    :mod:`pyrobnn.estimators` can read the factor's moments.
+
+    Latent sites of the likelihood (a noise scale with a prior) get a log-normal factor
+    :math:`q(\sigma) = \text{LogNormal}(m, \text{softplus}(\rho)^2)`, initialized at the
+    prior's mean (or 1 if it has none) with log-scale 0.1.
+
+    The guide keeps its parameters as ordinary ``nn.Parameter`` attributes (not in Pyro's
+    global parameter store) and announces them as Pyro ``param`` sites when called, so
+    ``pyro.infer.SVI`` optimizes them and two guides never share a parameter.
+
+    Subclasses implement :meth:`posterior` (batch shape ``site.shape``) and
+    :meth:`posterior_mean_of`.
+    """
+
+    #: the ELBO :func:`pyrobnn.fit` uses by default: "trace" (Monte Carlo KL, Pyro's
+    #: ``Trace_ELBO``) or "meanfield" (registered KL, ``TraceMeanField_ELBO``)
+    default_elbo = "trace"
+
+    def __init__(self, model):
+        super().__init__()
+        self.sites = model.sites
+        self._site_by_name = {s.name: s for s in self.sites}
+        self.latent_priors = dict(model.likelihood.latent_sites())
+        self.latent_loc = nn.ParameterDict()
+        self.latent_rho = nn.ParameterDict()
+        for name, prior in self.latent_priors.items():
+            try:
+                mean = float(prior.mean)
+            except (NotImplementedError, ValueError, TypeError):
+                mean = float("nan")
+            init = math.log(mean) if math.isfinite(mean) and mean > 0 else 0.0
+            self.latent_loc[site_key(name)] = nn.Parameter(torch.tensor(init, dtype=model.dtype, device=model.device))
+            self.latent_rho[site_key(name)] = nn.Parameter(inverse_softplus(torch.tensor(0.1, dtype=model.dtype, device=model.device)))
+        self._site_priors = {s.name: model.site_prior(s) for s in self.sites}
+        self._prior_cache = {}
+        self._announced = None
+
+    # ------------------------------------------------------------------ interface
+    def posterior(self, site):
+        """The variational distribution of one weight site, batch shape ``site.shape``."""
+        raise NotImplementedError
+
+    def posterior_mean_of(self, site) -> torch.Tensor:
+        raise NotImplementedError
+
+    def latent_posterior(self, name):
+        key = site_key(name)
+        return dist.LogNormal(self.latent_loc[key], F.softplus(self.latent_rho[key]), validate_args=False)
+
+    # ------------------------------------------------------------------ derived
+    def site_prior(self, site, like: torch.Tensor):
+        """The model's prior over ``site`` (batch shape ``site.shape``) for factors whose
+        ``log_prob`` is defined against it; ``None`` for priors with learned parameters."""
+        prior = self._site_priors[site.name]
+        if not prior.cacheable:
+            return None
+        key = (site.name, like.dtype, like.device)
+        if key not in self._prior_cache:
+            self._prior_cache[key] = prior.distribution(site, dtype=like.dtype, device=like.device)
+        return self._prior_cache[key]
+
+    def site(self, name):
+        return self._site_by_name[name]
+
+    def posterior_distributions(self) -> dict:
+        """``{site name: distribution}`` for every weight site."""
+        return {s.name: self.posterior(s) for s in self.sites}
+
+    @torch.no_grad()
+    def posterior_mean(self) -> dict:
+        """``{site name: E_q[w]}`` for every weight site and latent likelihood site; the
+        weights of the "naive" prediction at the posterior mean."""
+        means = {s.name: self.posterior_mean_of(s).detach().clone() for s in self.sites}
+        for name in self.latent_priors:
+            means[name] = self.latent_posterior(name).mean.detach().clone()
+        return means
+
+    def forward(self, *args, **kwargs):
+        """Sample every weight site (and latent likelihood site) from its factor. The model's
+        arguments are accepted and ignored: the factors do not depend on the data."""
+        if self._announced is None:
+            self._announced = [("guide." + n, p) for n, p in self.named_parameters()]
+        for name, param in self._announced:
+            announce_param(name, param)
+        samples = {}
+        for site in self.sites:
+            samples[site.name] = pyro.sample(site.name, self.posterior(site).to_event(len(site.shape)))
+        for name in self.latent_priors:
+            samples[name] = pyro.sample(name, self.latent_posterior(name))
+        return samples
+
+    def extra_repr(self):
+        return f"sites={[s.name for s in self.sites]}"

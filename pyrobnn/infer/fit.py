@@ -1,0 +1,421 @@
+"""Training a model and guide by stochastic variational inference."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import pyro
+import torch
+from tqdm.auto import tqdm
+
+from pyrobnn.infer.elbo import SplitELBO, make_elbo
+from pyrobnn.io import atomic_save, safe_load
+from pyrobnn.validation import as_tensor, check_finite
+
+__all__ = ["fit", "SVITrainer", "History", "KLAnnealing", "NonFiniteLossError", "validate_training_data"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss or its gradient was NaN or infinite. The parameters are those before the
+    failed step (the last finite ones); :attr:`step` and :attr:`epoch` say where."""
+
+    def __init__(self, message, step: int, epoch: int):
+        super().__init__(message)
+        self.step = step
+        self.epoch = epoch
+
+
+class KLAnnealing:
+    r"""KL warm-up: the weight :math:`\beta` of the KL in the loss is 0 until epoch ``start``,
+    then rises linearly to 1 at epoch ``end`` (fractional epochs, updated every step).
+    Molchanov et al. 2017 use ``KLAnnealing(5, 20)`` for sparse variational dropout."""
+
+    def __init__(self, start: float = 0.0, end: float = 0.0):
+        if end < start or start < 0:
+            raise ValueError(f"KL annealing needs 0 <= start <= end, got {start}, {end}")
+        self.start, self.end = float(start), float(end)
+
+    def __call__(self, epoch: float) -> float:
+        if epoch >= self.end:
+            return 1.0
+        if epoch < self.start:
+            return 0.0
+        return (epoch - self.start) / (self.end - self.start)
+
+    def __repr__(self):
+        return f"KLAnnealing(start={self.start}, end={self.end})"
+
+
+@dataclass
+class History:
+    """Per-epoch record of training. ``nll`` is the negative expected log-likelihood and
+    ``kl`` the (unweighted) KL, both for the whole data set, averaged over the epoch's steps;
+    ``loss = nll + kl_weight * kl``. ``extra`` holds what an epoch callback returned."""
+
+    epoch: list = field(default_factory=list)
+    loss: list = field(default_factory=list)
+    nll: list = field(default_factory=list)
+    kl: list = field(default_factory=list)
+    kl_weight: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+    kl_methods: dict = field(default_factory=dict)
+    steps: int = 0
+
+    def __len__(self):
+        return len(self.epoch)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "History":
+        return cls(**d)
+
+
+def validate_training_data(model, x, y):
+    """Convert and check ``x, y`` once, over the whole data set: types, dtypes, lengths,
+    finite values, target shapes and label ranges. Returns the tensors."""
+    x = as_tensor(x, "x")
+    model.check_x(x)
+    check_finite(x, "x")
+    if y is None:
+        raise ValueError("y is required for training")
+    y = as_tensor(y, "y")
+    if y.dim() == 0 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} examples but y has shape {tuple(y.shape)}")
+    check_finite(y, "y")
+    with torch.no_grad():
+        output_shape = model.net(x[:1].to(model.device)).shape
+    if len(output_shape) != 2:
+        raise ValueError(f"the network must output (N, D); it gave shape {tuple(output_shape)}")
+    y_checked = model.likelihood.check_targets(y, (x.shape[0], output_shape[-1]))
+    model.likelihood.check_target_values(y_checked, output_shape[-1])
+    return x, y
+
+
+def _batches(loader_or_tensors, batch_size, generator):
+    if isinstance(loader_or_tensors, tuple):
+        x, y = loader_or_tensors
+        n = x.shape[0]
+        perm = torch.randperm(n, generator=generator)
+        for i in range(0, n, batch_size):
+            idx = perm[i : i + batch_size]
+            yield x[idx], y[idx]
+    else:
+        for batch in loader_or_tensors:
+            if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+                raise ValueError("a DataLoader for fit must yield (x, y) pairs")
+            yield batch[0], batch[1]
+
+
+class SVITrainer:
+    r"""Stochastic variational inference for a model and guide, on a PyTorch optimizer.
+
+    Each step evaluates the ELBO with Pyro's traces (a :class:`~pyrobnn.infer.SplitELBO`
+    by default, which equals ``Trace_ELBO`` or ``TraceMeanField_ELBO`` and also reports its
+    two terms), back-propagates and steps the optimizer over the model's point parameters and
+    the guide's parameters. A non-finite loss or gradient raises
+    :class:`NonFiniteLossError` before the parameters change.
+
+    :param elbo: ``"trace"`` (Monte Carlo KL, as Pyro's ``Trace_ELBO``), ``"meanfield"``
+        (registered KLs, as ``TraceMeanField_ELBO``), ``None`` for the guide's default
+        (``"trace"`` for :class:`~pyrobnn.guides.MeanFieldNormal`, ``"meanfield"`` for
+        the dropout family, whose KLs are approximations), or any ``pyro.infer.ELBO``.
+    :param optimizer: a function from a parameter list to a ``torch.optim.Optimizer``;
+        default Adam with learning rate ``lr``.
+    :param num_particles: weight samples per step (vectorized).
+    :param kl_annealing: a :class:`KLAnnealing`, a ``(start, end)`` pair in epochs, or a
+        function of the fractional epoch returning the KL weight.
+    :param lr_schedule: function of the fractional epoch returning a factor on ``lr``.
+    :param clip_grad_norm: clip the gradient's global norm to this value.
+    """
+
+    def __init__(
+        self,
+        model,
+        guide,
+        elbo=None,
+        optimizer: Optional[Callable] = None,
+        lr: float = 1e-3,
+        num_particles: int = 1,
+        kl_annealing=None,
+        lr_schedule: Optional[Callable[[float], float]] = None,
+        clip_grad_norm: Optional[float] = None,
+    ):
+        self.model = model
+        self.guide = guide
+        self.elbo = make_elbo(elbo, guide, num_particles)
+        if isinstance(kl_annealing, tuple):
+            kl_annealing = KLAnnealing(*kl_annealing)
+        if kl_annealing is not None and not isinstance(self.elbo, SplitELBO):
+            raise ValueError("KL annealing needs pyrobnn's SplitELBO (elbo='trace' or 'meanfield')")
+        self.kl_annealing = kl_annealing
+        self.lr_schedule = lr_schedule
+        self.clip_grad_norm = clip_grad_norm
+        self._optimizer_factory = optimizer
+        self.lr = lr
+        self.optimizer = None
+        self.history = History()
+        self.epoch = 0
+        self.generator = torch.Generator()
+        self.generator.manual_seed(int(torch.randint(0, 2**62, ()).item()))
+
+    # -------------------------------------------------------------- parameters
+    def parameters(self):
+        params = [p for _, p in self.model.point_parameters()]
+        params += [p for p in self.guide.parameters()]
+        seen, unique = set(), []
+        for p in params:
+            if id(p) not in seen and p.requires_grad:
+                seen.add(id(p))
+                unique.append(p)
+        return unique
+
+    def _setup(self, x, y, dataset_size):
+        if self.optimizer is not None:
+            return
+        # Pyro's autoguides create their parameters on the first call
+        with pyro.poutine.block(), torch.no_grad():
+            self.guide(x, y, dataset_size=dataset_size)
+        params = self._params = self.parameters()
+        if self._optimizer_factory is None:
+            self.optimizer = torch.optim.Adam(params, lr=self.lr)
+        else:
+            self.optimizer = self._optimizer_factory(params)
+        self._base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+
+    # ----------------------------------------------------------------- a step
+    def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
+        """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)``."""
+        x = x.to(self.model.device)
+        y = y.to(self.model.device)
+        self._setup(x, y, dataset_size)
+        if self.lr_schedule is not None:
+            factor = self.lr_schedule(epoch_fraction)
+            for group, base in zip(self.optimizer.param_groups, self._base_lrs):
+                group["lr"] = base * factor
+        self.optimizer.zero_grad(set_to_none=True)
+        if isinstance(self.elbo, SplitELBO):
+            self.elbo.kl_weight = self.kl_annealing(epoch_fraction) if self.kl_annealing else 1.0
+            terms = self.elbo.terms(self.model, self.guide, x, y, dataset_size=dataset_size)
+            loss, nll, kl, beta = terms.loss, -terms.log_likelihood.item(), terms.kl.item(), terms.kl_weight
+        else:
+            loss = self.elbo.differentiable_loss(self.model, self.guide, x, y, dataset_size=dataset_size)
+            nll = kl = math.nan
+            beta = 1.0
+        value = loss.item()
+        step = self.history.steps
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"the loss is {value} at step {step} (epoch {self.epoch}); parameters are left at "
+                "their last finite values. Lower the learning rate, check the data, or clip "
+                "gradients (clip_grad_norm=...).",
+                step,
+                self.epoch,
+            )
+        loss.backward()
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if grads:
+            total = torch.stack(torch._foreach_norm(grads)).sum()
+            if not torch.isfinite(total):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteLossError(
+                    f"the gradient is not finite at step {step} (epoch {self.epoch}) although "
+                    "the loss is; parameters are left at their last finite values",
+                    step,
+                    self.epoch,
+                )
+            if self.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(grads, self.clip_grad_norm, foreach=True)
+        self.optimizer.step()
+        self.history.steps += 1
+        return value, nll, kl, beta
+
+    # ------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "guide": self.guide.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "history": self.history.as_dict(),
+            "epoch": self.epoch,
+            "torch_rng": torch.get_rng_state(),
+            "data_rng": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict, x=None, y=None, dataset_size=None) -> None:
+        self.model.load_state_dict(state["model"])
+        if x is not None:
+            self._setup(x[:1].to(self.model.device), y[:1].to(self.model.device), dataset_size)
+        self.guide.load_state_dict(state["guide"])
+        if state["optimizer"] is not None:
+            if self.optimizer is None:
+                raise ValueError("pass a batch of data to set up the optimizer before loading its state")
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.history = History.from_dict(state["history"])
+        self.epoch = int(state["epoch"])
+        torch.set_rng_state(state["torch_rng"])
+        self.generator.set_state(state["data_rng"])
+
+    def save_checkpoint(self, path) -> None:
+        atomic_save({"format": "pyrobnn-checkpoint", "state": self.state_dict()}, path)
+
+    def load_checkpoint(self, path, x=None, y=None, dataset_size=None) -> None:
+        obj = safe_load(path)
+        if not isinstance(obj, dict) or obj.get("format") != "pyrobnn-checkpoint":
+            raise ValueError(f"{path} is not a pyrobnn training checkpoint")
+        self.load_state_dict(obj["state"], x, y, dataset_size)
+
+    # -------------------------------------------------------------------- fit
+    def fit(
+        self,
+        x=None,
+        y=None,
+        *,
+        loader=None,
+        epochs: int = 1,
+        batch_size: Optional[int] = None,
+        progress: bool = True,
+        checkpoint=None,
+        checkpoint_every: int = 1,
+        resume: bool = False,
+        callback: Optional[Callable] = None,
+        seed: Optional[int] = None,
+    ) -> History:
+        """Train for ``epochs`` epochs in total (a resumed run continues to that count).
+
+        :param x, y: the training data as tensors, or
+        :param loader: a ``DataLoader`` yielding ``(x, y)``.
+        :param batch_size: minibatch size for tensors (default: the whole data set).
+        :param checkpoint: path of a checkpoint written every ``checkpoint_every`` epochs and
+            at the end, atomically.
+        :param resume: continue from ``checkpoint`` if the file exists.
+        :param callback: ``callback(trainer, epoch) -> dict`` after each epoch; its numbers go
+            into ``history.extra`` and the progress bar.
+        :param seed: seeds Pyro/torch and the shuffling (ignored when resuming).
+        """
+        if loader is None:
+            x, y = validate_training_data(self.model, x, y)
+            n = x.shape[0]
+            batch_size = n if batch_size is None else int(batch_size)
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be positive, got {batch_size}")
+            source = (x, y)
+            steps_per_epoch = math.ceil(n / batch_size)
+            first_x, first_y = x[:1], y[:1]
+        else:
+            n = len(loader.dataset)
+            if n == 0:
+                raise ValueError("the DataLoader's dataset is empty")
+            source = loader
+            steps_per_epoch = len(loader)
+            first_x, first_y = next(iter(loader))
+            validate_training_data(self.model, first_x, first_y)
+        if epochs < 0:
+            raise ValueError(f"epochs must be non-negative, got {epochs}")
+
+        if resume and checkpoint is not None and os.path.exists(checkpoint):
+            self.load_checkpoint(checkpoint, first_x, first_y, n)
+        elif seed is not None:
+            pyro.set_rng_seed(seed)
+            self.generator.manual_seed(seed)
+
+        bar = tqdm(total=epochs, initial=self.epoch, disable=not progress, desc="SVI", unit="epoch", dynamic_ncols=True)
+        start_time = time.perf_counter() - (self.history.seconds[-1] if self.history.seconds else 0.0)
+        try:
+            while self.epoch < epochs:
+                sums = [0.0, 0.0, 0.0, 0.0]
+                count = 0
+                for i, (xb, yb) in enumerate(_batches(source, batch_size, self.generator)):
+                    t = self.epoch + i / steps_per_epoch
+                    loss, nll, kl, beta = self.step(xb, yb, dataset_size=n, epoch_fraction=t)
+                    for j, v in enumerate((loss, nll, kl, beta)):
+                        sums[j] += v
+                    count += 1
+                h = self.history
+                h.epoch.append(self.epoch + 1)
+                h.loss.append(sums[0] / count)
+                h.nll.append(sums[1] / count)
+                h.kl.append(sums[2] / count)
+                h.kl_weight.append(sums[3] / count)
+                h.seconds.append(time.perf_counter() - start_time)
+                if isinstance(self.elbo, SplitELBO):
+                    h.kl_methods = dict(self.elbo.kl_methods)
+                self.epoch += 1
+                shown = {"nll": f"{h.nll[-1]:.4g}", "kl": f"{h.kl[-1]:.4g}"}
+                if self.kl_annealing is not None:
+                    shown["beta"] = f"{h.kl_weight[-1]:.2f}"
+                if callback is not None:
+                    for k, v in (callback(self, self.epoch) or {}).items():
+                        h.extra.setdefault(k, []).append(v)
+                        shown[k] = f"{v:.4g}" if isinstance(v, float) else v
+                bar.set_postfix(shown, refresh=False)
+                bar.update(1)
+                if checkpoint is not None and (self.epoch % checkpoint_every == 0 or self.epoch == epochs):
+                    self.save_checkpoint(checkpoint)
+        finally:
+            bar.close()
+        return self.history
+
+
+def fit(
+    model,
+    guide,
+    x=None,
+    y=None,
+    *,
+    loader=None,
+    epochs: int = 100,
+    batch_size: Optional[int] = None,
+    lr: float = 1e-3,
+    elbo=None,
+    optimizer: Optional[Callable] = None,
+    num_particles: int = 1,
+    kl_annealing=None,
+    lr_schedule=None,
+    clip_grad_norm=None,
+    progress: bool = True,
+    checkpoint=None,
+    checkpoint_every: int = 1,
+    resume: bool = False,
+    callback=None,
+    seed: Optional[int] = None,
+) -> History:
+    """Fit ``guide`` (and the model's point parameters) to data by SVI.
+
+    See :class:`SVITrainer` for the options; returns the :class:`History`.
+
+    Example::
+
+        history = pyrobnn.fit(model, guide, x, y, epochs=1000, lr=1e-2)
+        history.nll[-1], history.kl[-1]
+    """
+    trainer = SVITrainer(
+        model,
+        guide,
+        elbo=elbo,
+        optimizer=optimizer,
+        lr=lr,
+        num_particles=num_particles,
+        kl_annealing=kl_annealing,
+        lr_schedule=lr_schedule,
+        clip_grad_norm=clip_grad_norm,
+    )
+    return trainer.fit(
+        x,
+        y,
+        loader=loader,
+        epochs=epochs,
+        batch_size=batch_size,
+        progress=progress,
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        callback=callback,
+        seed=seed,
+    )

@@ -1,0 +1,113 @@
+"""Saving and loading trained models and guides, safely.
+
+Files are written atomically (a temporary file in the same folder, flushed to disk, then
+renamed over the target), so an interrupted save never leaves a truncated file. Loading uses
+``torch.load(weights_only=True)``: only tensors and plain containers are unpickled, and a file
+that carries any other object (which could execute code when unpickled) is refused.
+
+A file holds state, not code: load it into a model and guide built the same way, as with
+``nn.Module.load_state_dict``. The file records the site names and shapes and the classes
+involved, and loading checks them, so a mismatch fails with a message instead of loading
+weights into the wrong places.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+
+import torch
+
+__all__ = ["save", "load", "atomic_save", "safe_load", "describe"]
+
+FORMAT = "pyrobnn"
+VERSION = 1
+
+
+def atomic_save(obj, path) -> None:
+    """``torch.save(obj, path)`` through a temporary file and an atomic rename."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def safe_load(path, map_location=None):
+    """``torch.load(path, weights_only=True)``, with a clear error for refused files."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no file at {path}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, AttributeError, EOFError) as e:
+        raise ValueError(
+            f"refusing to load {path}: it is not a file of tensors and plain containers "
+            f"(torch.load with weights_only=True rejected it: {str(e).splitlines()[0]})"
+        ) from e
+
+
+def describe(model, guide) -> dict:
+    """What a saved file must match: classes and site shapes."""
+    return {
+        "net": type(model.net).__name__,
+        "likelihood": type(model.likelihood).__name__,
+        "guide": type(guide).__name__,
+        "sites": [[s.name, list(s.shape)] for s in model.sites],
+    }
+
+
+def save(path, model, guide, metadata: dict | None = None) -> None:
+    """Write a trained model and guide to one file (atomically).
+
+    :param metadata: plain data (numbers, strings, lists, dicts, tensors) to store beside.
+    """
+    atomic_save(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "config": describe(model, guide),
+            "model": model.state_dict(),
+            "guide": guide.state_dict(),
+            "metadata": metadata or {},
+        },
+        path,
+    )
+
+
+def _check_format(obj, path):
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a pyrobnn file")
+    if obj.get("version") != VERSION:
+        raise ValueError(f"{path} has format version {obj.get('version')}; this pyrobnn reads {VERSION}")
+
+
+def check_config(saved: dict, model, guide, path) -> None:
+    current = describe(model, guide)
+    for key in ("net", "likelihood", "guide"):
+        if saved.get(key) != current[key]:
+            raise ValueError(f"{path} holds a {key} of type {saved.get(key)}, not {current[key]}")
+    if saved.get("sites") != current["sites"]:
+        raise ValueError(
+            f"{path} holds weight sites {saved.get('sites')}, but the model has {current['sites']}"
+        )
+
+
+def load(path, model, guide, map_location=None) -> dict:
+    """Load a file written by :func:`save` into ``model`` and ``guide``; returns its metadata."""
+    obj = safe_load(path, map_location)
+    _check_format(obj, path)
+    check_config(obj["config"], model, guide, path)
+    model.load_state_dict(obj["model"])
+    guide.load_state_dict(obj["guide"])
+    return obj["metadata"]

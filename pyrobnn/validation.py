@@ -1,0 +1,98 @@
+"""Checks on user data, so that bad input fails with a message naming the problem.
+
+Full-data checks (finite values, label range) run once where data enters: :func:`pyrobnn.fit`
+and :func:`pyrobnn.predict`. The model itself re-checks only shapes and dtypes, which cost
+nothing, so that direct use with ``pyro.infer.SVI`` cannot broadcast targets silently.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["as_tensor", "check_finite", "check_inputs", "expected_input"]
+
+
+def as_tensor(value, name: str) -> torch.Tensor:
+    """``value`` as a tensor (NumPy arrays are accepted), or a ``ValueError``."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    raise ValueError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
+
+
+def check_finite(t: torch.Tensor, name: str) -> None:
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        bad = (~torch.isfinite(t)).nonzero()
+        kinds = []
+        if torch.isnan(t).any():
+            kinds.append("NaN")
+        if torch.isinf(t).any():
+            kinds.append("infinite")
+        raise ValueError(
+            f"{name} contains {' and '.join(kinds)} values ({bad.shape[0]} entries, the first "
+            f"at index {tuple(bad[0].tolist())})"
+        )
+
+
+def expected_input(net: nn.Module):
+    """What the first layer of ``net`` reads, from its first leaf modules:
+    ``("features", n)`` (last dimension), ``("flattened", n)`` (all but the first), or
+    ``("channels", c, ndim)`` (dimension 1 of an ``ndim``-dimensional batch); ``None`` if
+    unknown."""
+    flatten = False
+    for module in net.modules():
+        if len(module._modules):
+            continue
+        if isinstance(module, nn.Flatten):
+            flatten = True
+            continue
+        if isinstance(module, nn.Linear):
+            return ("flattened" if flatten else "features", module.in_features)
+        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and not flatten:
+            return ("channels", module.in_channels, module.weight.dim())
+        if any(True for _ in module.parameters(recurse=False)):
+            return None
+    return None
+
+
+def check_inputs(expected, x: torch.Tensor, dtype: torch.dtype, name: str = "x") -> None:
+    """Dtype, emptiness and feature dimension of a batch of network inputs.
+
+    :param expected: what the network reads, from :func:`expected_input`.
+    """
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    if x.dtype != dtype:
+        raise ValueError(
+            f"{name} has dtype {x.dtype} but the network's parameters are {dtype}; convert the "
+            f"data (x.to({dtype})) or the network"
+        )
+    if x.dim() == 0 or x.shape[0] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)})")
+    if expected is None:
+        return
+    if expected[0] == "features":
+        if x.dim() < 2 or x.shape[-1] != expected[1]:
+            raise ValueError(
+                f"{name} has shape {tuple(x.shape)} but the network's first layer expects "
+                f"{expected[1]} features in the last dimension: pass shape (N, {expected[1]})"
+            )
+    elif expected[0] == "flattened":
+        n = math.prod(x.shape[1:])
+        if x.dim() < 2 or n != expected[1]:
+            raise ValueError(
+                f"{name} has shape {tuple(x.shape)} ({n} values per example) but the network "
+                f"flattens its input into {expected[1]} features"
+            )
+    else:
+        _, channels, ndim = expected
+        if x.dim() != ndim or x.shape[1] != channels:
+            raise ValueError(
+                f"{name} has shape {tuple(x.shape)} but the network's first convolution expects "
+                f"a {ndim}-dimensional batch with {channels} channels in dimension 1"
+            )
