@@ -35,7 +35,7 @@ from pyrobnn.distributions import (
     MultiplicativeNormal,
 )
 
-__all__ = ["kl_method", "log_uniform_kl", "dropout_kl", "kl_divergence"]
+__all__ = ["kl_method", "log_uniform_kl", "dropout_kl", "base_distribution", "kl_divergence"]
 
 # Molchanov, Ashukha & Vetrov 2017, eq. 14
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
@@ -116,7 +116,8 @@ register_kl(ConcreteUnitNoise, Normal)(_kl_dropout_normal)
 _APPROXIMATIONS = {_kl_normal_loguniform, _kl_gaussian_units_loguniform, _kl_dropout_normal}
 
 
-def _unwrap(d):
+def base_distribution(d):
+    """``d`` without its ``Independent`` wrappers."""
     while isinstance(d, Independent):
         d = d.base_dist
     return d
@@ -131,7 +132,7 @@ def kl_method(q, p) -> str:
     """
     from torch.distributions.kl import _dispatch_kl
 
-    fn = _dispatch_kl(type(_unwrap(q)), type(_unwrap(p)))
+    fn = _dispatch_kl(type(base_distribution(q)), type(base_distribution(p)))
     if fn is NotImplemented:
         return "monte_carlo"
     return "approximation" if fn in _APPROXIMATIONS else "analytic"

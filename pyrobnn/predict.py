@@ -10,7 +10,7 @@ from pyro import poutine
 from pyro.infer import Predictive
 
 from pyrobnn.predictions import ClassificationPrediction, RegressionPrediction
-from pyrobnn.validation import as_tensor, check_finite
+from pyrobnn.validation import as_tensor, check_finite, check_forward
 
 __all__ = ["predict", "posterior_mean_values"]
 
@@ -101,6 +101,7 @@ def predict(
     if seed is not None:
         pyro.set_rng_seed(seed)
     x = x.to(model.device)
+    check_forward(model.net, x)
     batch_size = x.shape[0] if batch_size is None else int(batch_size)
     sample_batch_size = num_samples if sample_batch_size is None else int(sample_batch_size)
     was_training = model.training, guide.training

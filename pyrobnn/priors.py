@@ -22,9 +22,7 @@ import math
 import torch
 from torch import nn
 
-from pyro.distributions import Normal
-
-from pyrobnn.distributions import ARDNormal, LogUniform, ScaleMixtureNormal
+from pyrobnn.distributions import ARDNormal, LogUniform, ScalarNormal, ScaleMixtureNormal
 
 __all__ = ["Prior", "NormalPrior", "ScaleMixturePrior", "LogUniformPrior", "ARDPrior"]
 
@@ -76,9 +74,7 @@ class NormalPrior(Prior):
         return self.scale
 
     def distribution(self, site, params=None, dtype=None, device=None):
-        return Normal(
-            _scalar(0.0, dtype, device), _scalar(self.site_scale(site), dtype, device), validate_args=False
-        ).expand(site.shape)
+        return ScalarNormal(0.0, self.site_scale(site), site.shape, dtype=dtype, device=device)
 
 
 class ScaleMixturePrior(Prior):

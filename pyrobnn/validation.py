@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["as_tensor", "check_finite", "check_inputs", "expected_input"]
+__all__ = ["as_tensor", "check_finite", "check_inputs", "check_forward", "expected_input"]
 
 
 def as_tensor(value, name: str) -> torch.Tensor:
@@ -40,24 +40,44 @@ def check_finite(t: torch.Tensor, name: str) -> None:
 
 
 def expected_input(net: nn.Module):
-    """What the first layer of ``net`` reads, from its first leaf modules:
-    ``("features", n)`` (last dimension), ``("flattened", n)`` (all but the first), or
-    ``("channels", c, ndim)`` (dimension 1 of an ``ndim``-dimensional batch); ``None`` if
-    unknown."""
+    """What the first layer of ``net`` reads, when that can be known without running it: for
+    an ``nn.Sequential`` (nested ones too) whose first layers are flatten, linear or
+    convolution layers. Returns ``("features", n)`` (last dimension), ``("flattened", n)``
+    (all but the first), ``("channels", c, ndim)`` (dimension 1 of an ``ndim``-dimensional
+    batch), or ``None`` when a custom ``forward`` decides (see :func:`check_forward`)."""
     flatten = False
-    for module in net.modules():
-        if len(module._modules):
-            continue
-        if isinstance(module, nn.Flatten):
-            flatten = True
-            continue
-        if isinstance(module, nn.Linear):
-            return ("flattened" if flatten else "features", module.in_features)
-        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and not flatten:
-            return ("channels", module.in_channels, module.weight.dim())
-        if any(True for _ in module.parameters(recurse=False)):
+    module = net
+    while isinstance(module, nn.Sequential):
+        children = list(module.children())
+        if not children:
             return None
+        if isinstance(children[0], nn.Flatten) and len(children) > 1:
+            flatten = True
+            children = children[1:]
+        module = children[0]
+    if isinstance(module, nn.Linear):
+        return ("flattened" if flatten else "features", module.in_features)
+    if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and not flatten:
+        return ("channels", module.in_channels, module.weight.dim())
     return None
+
+
+def check_forward(net: nn.Module, x: torch.Tensor, name: str = "x") -> torch.Size:
+    """Run ``net`` on one example and return the output shape; a shape error inside the
+    network becomes a ``ValueError`` naming the input's shape. Runs in eval mode, so that
+    batch-norm statistics are not touched."""
+    was_training = net.training
+    net.eval()
+    try:
+        with torch.no_grad():
+            out = net(x[:1])
+    except RuntimeError as e:
+        raise ValueError(
+            f"the network cannot take {name} of shape {tuple(x.shape)}: {str(e).splitlines()[0]}"
+        ) from e
+    finally:
+        net.train(was_training)
+    return out.shape
 
 
 def check_inputs(expected, x: torch.Tensor, dtype: torch.dtype, name: str = "x") -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pyro.distributions import Normal
 from torch import nn
 
+from pyrobnn.distributions import SampleAwareNormal
 from pyrobnn.guides.base import WeightGuide, inverse_softplus, site_key
 
 __all__ = ["MeanFieldNormal"]
@@ -62,7 +62,7 @@ class MeanFieldNormal(WeightGuide):
 
     def posterior(self, site):
         key = site_key(site.name)
-        return Normal(self.loc[key], F.softplus(self.rho[key]), validate_args=False)
+        return SampleAwareNormal(self.loc[key], F.softplus(self.rho[key]), validate_args=False)
 
     def posterior_mean_of(self, site):
         return self.loc[site_key(site.name)]

@@ -10,6 +10,7 @@ from torch import nn
 
 from pyrobnn.distributions import GaussianUnitNoise, MultiplicativeNormal
 from pyrobnn.guides.base import WeightGuide, site_key
+from pyrobnn.priors import LogUniformPrior
 
 __all__ = ["VariationalDropout", "SparseVariationalDropout", "GaussianDropout"]
 
@@ -84,6 +85,13 @@ class VariationalDropout(WeightGuide):
                 raise ValueError(
                     f"site {site.name!r}: no input-unit axis is known for "
                     f"{type(site.module).__name__}; use alpha='weight'"
+                )
+            prior = model.site_prior(site)
+            if len(site.unit_shape) and not isinstance(prior, LogUniformPrior):
+                raise ValueError(
+                    f"noise shared by an input unit has a KL only against the log-uniform prior "
+                    f"(Kingma et al. 2015); site {site.name!r} has {prior!r}. Use LogUniformPrior "
+                    "or alpha='weight'"
                 )
             if self.mode == "unit":
                 shape = site.unit_shape if len(site.unit_shape) else site.shape

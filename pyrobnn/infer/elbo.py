@@ -11,7 +11,7 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import kl_divergence
 
-from pyrobnn.kl import kl_method
+from pyrobnn.kl import base_distribution, kl_method
 
 __all__ = ["SplitELBO", "ELBOTerms", "make_elbo"]
 
@@ -88,7 +88,8 @@ class SplitELBO(pyro.infer.ELBO):
             method = "monte_carlo" if self.kl == "monte_carlo" else kl_method(q, p)
             if self.strict and self.kl == "analytic" and method == "monte_carlo":
                 raise ValueError(
-                    f"no KL between {type(q).__name__} and {type(p).__name__} is registered "
+                    f"no KL between {type(base_distribution(q)).__name__} and "
+                    f"{type(base_distribution(p)).__name__} is registered "
                     f"(site {name!r}); use kl='monte_carlo' or strict=False"
                 )
             self._method_cache[key] = method

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from pyrobnn.infer.elbo import SplitELBO, make_elbo
 from pyrobnn.io import atomic_save, safe_load
-from pyrobnn.validation import as_tensor, check_finite
+from pyrobnn.validation import as_tensor, check_finite, check_forward
 
 __all__ = ["fit", "SVITrainer", "History", "KLAnnealing", "NonFiniteLossError", "validate_training_data"]
 
@@ -89,8 +89,7 @@ def validate_training_data(model, x, y):
     if y.dim() == 0 or y.shape[0] != x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has shape {tuple(y.shape)}")
     check_finite(y, "y")
-    with torch.no_grad():
-        output_shape = model.net(x[:1].to(model.device)).shape
+    output_shape = check_forward(model.net, x.to(model.device))
     if len(output_shape) != 2:
         raise ValueError(f"the network must output (N, D); it gave shape {tuple(output_shape)}")
     y_checked = model.likelihood.check_targets(y, (x.shape[0], output_shape[-1]))

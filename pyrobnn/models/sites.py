@@ -110,9 +110,9 @@ def select_sites(net: nn.Module, random: Selection = "all", exclude=DEFAULT_EXCL
         - a callable ``(name, parameter, module) -> bool``;
         - an iterable of module objects, module types, parameter names or glob patterns
           over parameter names (``"fc*.weight"``) or module names (``"fc1"``).
-    :param exclude: module types left deterministic by the string and callable selections
-        (normalization layers by default). Modules, types or names listed explicitly are
-        always selected.
+    :param exclude: module types left deterministic by ``"all"``, ``"weights"``,
+        ``"last_layer"``, callables and wildcard patterns (normalization layers by default).
+        Exact names, module objects and types listed explicitly are always selected.
     """
     modules = dict(net.named_modules())
     candidates = []
@@ -137,7 +137,15 @@ def select_sites(net: nn.Module, random: Selection = "all", exclude=DEFAULT_EXCL
         chosen = [c for c in candidates if not excluded(c[3]) and random(c[0], c[4], c[3])]
     else:
         specs = [random] if isinstance(random, (str, nn.Module, type)) else list(random)
-        chosen = [c for c in candidates if any(_matches(s, c[0], c[1], c[3]) for s in specs)]
+
+        def chosen_by(spec, c):
+            if not _matches(spec, c[0], c[1], c[3]):
+                return False
+            # a wildcard pattern is a broad selection: it respects the exclusions; exact
+            # names, module objects and types are explicit requests
+            return not (isinstance(spec, str) and any(ch in spec for ch in "*?[") and excluded(c[3]))
+
+        chosen = [c for c in candidates if any(chosen_by(s, c) for s in specs)]
         for spec in specs:
             if isinstance(spec, str) and not any(_matches(spec, *c[:2], c[3]) for c in candidates):
                 raise ValueError(

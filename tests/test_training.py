@@ -1,0 +1,230 @@
+"""The training loop and direct use with Pyro's SVI."""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import pyrobnn
+from pyrobnn.data import two_moons
+from pyrobnn.guides.base import site_key
+from pyrobnn.infer import NonFiniteLossError, SVITrainer
+from test_conjugate import bayesian_linear_model, conjugate_problem
+
+
+def regression_data(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, generator=g) * 4 - 2
+    return x, torch.sin(2 * x) + 0.1 * torch.randn(n, 1, generator=g)
+
+
+def mlp_model(prior=None, likelihood=None):
+    net = pyrobnn.MLP(1, 1, hidden=(16,), activation="tanh")
+    return pyrobnn.BayesianModel(net, likelihood or pyrobnn.GaussianLikelihood(scale=0.1), prior)
+
+
+def test_pyro_svi_trains_our_model_and_guide_directly():
+    X, y, exact_mean, precision = conjugate_problem(seed=3)
+    model = bayesian_linear_model()
+    guide = pyrobnn.MeanFieldNormal(model, init_scale=0.1)
+    svi = pyro.infer.SVI(model, guide, pyro.optim.ClippedAdam({"lr": 0.02, "lrd": 0.999}), pyro.infer.Trace_ELBO(num_particles=32, vectorize_particles=True))
+    losses = [svi.step(X, y) for _ in range(3000)]
+    assert sum(losses[-100:]) < sum(losses[:100])
+    posterior_sd = 1 / torch.diag(precision).sqrt()
+    loc = guide.loc[site_key(model.sites[0].name)].detach().reshape(-1)
+    assert torch.all((loc - exact_mean).abs() < 0.2 * posterior_sd)
+    assert len(pyro.get_param_store()) == 0  # nothing went through the global store
+
+
+def test_two_bnns_in_one_process_share_no_parameters():
+    x, y = regression_data()
+    models = [mlp_model() for _ in range(2)]
+    guides = [pyrobnn.MeanFieldNormal(m) for m in models]
+    captured = []
+    for model, guide in zip(models, guides):
+        with pyro.poutine.trace(param_only=True) as tr:
+            pyro.infer.Trace_ELBO().loss_and_grads(model, guide, x, y)
+        captured.append({id(site["value"].unconstrained()) for site in tr.trace.nodes.values()})
+    assert captured[0] and captured[1] and not captured[0] & captured[1]
+    before = [p.detach().clone() for p in guides[1].parameters()]
+    svi = pyro.infer.SVI(models[0], guides[0], pyro.optim.Adam({"lr": 0.05}), pyro.infer.Trace_ELBO())
+    start = [p.detach().clone() for p in guides[0].parameters()]
+    for _ in range(20):
+        svi.step(x, y)
+    assert any(not torch.equal(a, p) for a, p in zip(start, guides[0].parameters()))
+    assert all(torch.equal(a, p) for a, p in zip(before, guides[1].parameters()))
+
+
+def test_fit_reports_nll_and_kl_apart_and_improves():
+    x, y = regression_data()
+    model = mlp_model()
+    guide = pyrobnn.MeanFieldNormal(model)
+    history = pyrobnn.fit(model, guide, x, y, epochs=300, batch_size=16, lr=0.02, progress=False, seed=0)
+    assert len(history) == 300 and history.steps == 300 * 4
+    assert history.kl_methods == {s.name: "monte_carlo" for s in model.sites}
+    for loss, nll, kl, beta in zip(history.loss, history.nll, history.kl, history.kl_weight):
+        assert loss == pytest.approx(nll + beta * kl, rel=1e-6, abs=1e-6)
+    assert history.nll[-1] < 0.2 * history.nll[0]
+    pred = pyrobnn.predict(model, guide, x, 200)
+    assert pred.rmse(y) < 0.2  # the noise is 0.1; an untrained net is about 0.75
+
+
+def test_fit_accepts_a_dataloader_and_kl_annealing():
+    x, y = regression_data()
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    model = mlp_model()
+    guide = pyrobnn.MeanFieldNormal(model)
+    history = pyrobnn.fit(model, guide, loader=loader, epochs=6, kl_annealing=(2, 4), lr=0.01, progress=False)
+    # epoch-averaged KL weight: steps at fractional epochs e + i/4
+    # (t - 2) / 2 at t = e, e + 0.25, e + 0.5, e + 0.75, clipped to [0, 1]
+    expected = [0.0, 0.0, 0.1875, 0.6875, 1.0, 1.0]
+    assert history.kl_weight == pytest.approx(expected)
+
+
+def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_finite_parameters():
+    class Breaks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, h):
+            self.calls += 1
+            return h * float("nan") if self.calls > 5 else h
+
+    net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1), Breaks())
+    model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.1))
+    guide = pyrobnn.MeanFieldNormal(model)
+    x, y = regression_data()
+    trainer = SVITrainer(model, guide, lr=0.05)
+    trainer._setup(x, y, None)
+    net[-1].calls = 0  # the set-up call of the guide does not run the network
+    for _ in range(5):
+        trainer.step(x, y)
+    last = [p.detach().clone() for p in guide.parameters()]
+    with pytest.raises(NonFiniteLossError, match="at step 5") as info:
+        trainer.step(x, y)
+    assert info.value.step == 5
+    assert all(torch.equal(a, p) for a, p in zip(last, guide.parameters()))
+
+
+def test_nonfinite_gradient_is_caught_before_the_update():
+    model = mlp_model()
+    guide = pyrobnn.MeanFieldNormal(model)
+    x, y = regression_data()
+    trainer = SVITrainer(model, guide, lr=0.05)
+    trainer.step(x, y)
+    hook = guide.loc[site_key(model.sites[0].name)].register_hook(lambda g: g * float("inf"))
+    last = [p.detach().clone() for p in guide.parameters()]
+    with pytest.raises(NonFiniteLossError, match="gradient"):
+        trainer.step(x, y)
+    hook.remove()
+    assert all(torch.equal(a, p) for a, p in zip(last, guide.parameters()))
+
+
+def test_resumed_training_equals_an_uninterrupted_run(tmp_path):
+    x, y = regression_data()
+
+    def run(epochs, checkpoint=None, resume=False, init_seed=0):
+        torch.manual_seed(init_seed)  # a different initialization must not matter on resume
+        model = mlp_model()
+        guide = pyrobnn.MeanFieldNormal(model)
+        history = pyrobnn.fit(
+            model, guide, x, y, epochs=epochs, batch_size=16, lr=0.02, progress=False, seed=5,
+            checkpoint=checkpoint, resume=resume, kl_annealing=(1, 3),
+        )
+        return guide, history
+
+    full_guide, full_history = run(6)
+    path = tmp_path / "run.pt"
+    run(3, checkpoint=path)
+    resumed_guide, resumed_history = run(6, checkpoint=path, resume=True, init_seed=123)
+    for a, b in zip(full_guide.parameters(), resumed_guide.parameters()):
+        assert torch.equal(a, b)
+    assert resumed_history.loss == full_history.loss
+    assert resumed_history.epoch == list(range(1, 7))
+
+
+def test_classification_with_categorical_likelihood():
+    x, y = two_moons(400, seed=0)
+    net = pyrobnn.MLP(2, 2, hidden=(32, 32))
+    model = pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood())
+    guide = pyrobnn.MeanFieldNormal(model)
+    pyrobnn.fit(model, guide, x, y, epochs=200, batch_size=100, lr=0.02, progress=False, seed=0)
+    x_test, y_test = two_moons(1000, seed=1)
+    pred = pyrobnn.predict(model, guide, x_test, 100)
+    assert pred.accuracy(y_test) > 0.95  # chance is 0.5
+    assert pred.probs.shape == (1000, 2)
+    assert torch.allclose(pred.probs.sum(-1), torch.ones(1000))
+
+
+def test_bernoulli_likelihood_trains():
+    x, y = two_moons(400, seed=0)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(32, 32)), pyrobnn.BernoulliLikelihood())
+    guide = pyrobnn.MeanFieldNormal(model)
+    pyrobnn.fit(model, guide, x, y.float(), epochs=200, batch_size=100, lr=0.02, progress=False, seed=0)
+    x_test, y_test = two_moons(1000, seed=1)
+    pred = pyrobnn.predict(model, guide, x_test, 100)
+    assert pred.sample_probs.shape == (100, 1000, 1, 2)
+    assert pred.accuracy(y_test.unsqueeze(-1)) > 0.95
+
+
+def test_heteroscedastic_likelihood_learns_the_noise_function():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2000, 1, generator=g) * 2 - 1
+    true_scale = 0.05 + 0.3 * x.abs()
+    y = x + true_scale * torch.randn(2000, 1, generator=g)
+    net = pyrobnn.MLP(1, 2, hidden=(32,), activation="tanh")
+    model = pyrobnn.BayesianModel(net, pyrobnn.HeteroscedasticGaussianLikelihood(), random="last_layer")
+    guide = pyrobnn.MeanFieldNormal(model)
+    pyrobnn.fit(model, guide, x, y, epochs=150, batch_size=200, lr=0.02, progress=False, seed=0)
+    grid = torch.tensor([[-0.8], [0.0], [0.8]])
+    pred = pyrobnn.predict(model, guide, grid, 200)
+    expected = 0.05 + 0.3 * grid.abs()
+    # ~700 points per third of the range: a fitted scale is within about 10% of the truth
+    assert torch.allclose(pred.aleatoric_std, expected, rtol=0.25, atol=0.02)
+    assert pred.aleatoric_std[0] > 2 * pred.aleatoric_std[1]
+
+
+def test_noise_with_a_prior_is_a_latent_site_with_a_posterior():
+    x, y = regression_data(n=200)
+    model = mlp_model(likelihood=pyrobnn.GaussianLikelihood(scale=dist.LogNormal(math.log(0.3), 1.0)))
+    guide = pyrobnn.MeanFieldNormal(model)
+    pyrobnn.fit(model, guide, x, y, epochs=1500, lr=0.02, progress=False, seed=0)
+    noise = guide.latent_posterior("noise_scale")
+    # with 200 points the prior hardly matters and the ELBO's optimum for the noise is
+    # sigma^2 = E_q[(y - f_w(x))^2] averaged over the data = residual^2 + epistemic variance
+    pred = pyrobnn.predict(model, guide, x, 2000, seed=1)
+    fixed_point = pred.rmse(y) ** 2 + (pred.epistemic_std**2).mean().item()
+    assert noise.mean.item() ** 2 == pytest.approx(fixed_point, rel=0.1)
+    assert 0.08 < noise.mean.item() < 0.2  # the data's noise is 0.1
+    # predictions draw the noise from its posterior: the aleatoric part is its RMS
+    samples = noise.sample((100_000,))
+    assert pred.aleatoric_std.mean().item() == pytest.approx(samples.pow(2).mean().sqrt().item(), rel=0.03)
+
+
+def test_ard_prior_variance_reaches_its_empirical_bayes_optimum_by_monte_carlo():
+    """With a Monte Carlo KL the ARD prior's variances are learned point parameters; with the
+    posterior held fixed, maximizing the ELBO over them must give lambda = mu^2 + sigma^2, the
+    optimum at which the registered analytic KL is evaluated."""
+    x, y = regression_data()
+    model = mlp_model(prior=pyrobnn.ARDPrior(init_variance=1.0))
+    guide = pyrobnn.MeanFieldNormal(model, init_scale=0.2)
+    for p in guide.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.Adam(model.prior_params.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.998)
+    elbo = pyrobnn.SplitELBO("monte_carlo", num_particles=64)
+    for _ in range(2000):
+        opt.zero_grad()
+        elbo.differentiable_loss(model, guide, x, y).backward()
+        opt.step()
+        sched.step()
+    for site in model.sites:
+        lam = model.prior_params[f"{site_key(site.name)}:log_variance"].exp()
+        optimum = guide.loc[site_key(site.name)] ** 2 + guide.scale_of(site) ** 2
+        # 64 particles per step and a decayed step size: within a few percent
+        assert torch.allclose(lam, optimum, rtol=0.1), (site.name, (lam / optimum).min(), (lam / optimum).max())

@@ -1,0 +1,123 @@
+"""Bad input fails with a ValueError that names the problem."""
+
+import numpy as np
+import pyro
+import pytest
+import torch
+from torch import nn
+
+import pyrobnn
+
+
+def regression():
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(3, 1, hidden=(4,)), pyrobnn.GaussianLikelihood())
+    return model, pyrobnn.MeanFieldNormal(model)
+
+
+def classifier():
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(3, 4, hidden=(4,)), pyrobnn.CategoricalLikelihood())
+    return model, pyrobnn.MeanFieldNormal(model)
+
+
+X = torch.randn(10, 3)
+Y = torch.randn(10)
+LABELS = torch.randint(0, 4, (10,))
+
+
+def fit(model, guide, x, y):
+    return pyrobnn.fit(model, guide, x, y, epochs=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    "x,y,message",
+    [
+        (torch.randn(10, 5), Y, "expects 3 features"),
+        (X, torch.randn(9), "x has 10 examples but y has shape"),
+        (torch.where(torch.arange(30).reshape(10, 3) == 7, float("nan"), X), Y, "x contains NaN"),
+        (X, torch.where(torch.arange(10) == 2, float("inf"), Y), "y contains infinite"),
+        (torch.empty(0, 3), torch.empty(0), "x is empty"),
+        (X.double(), Y, "dtype torch.float64 but the network's parameters are torch.float32"),
+        (torch.ones(10, 3, dtype=torch.long), Y, "must be a floating-point tensor"),
+        (X, torch.randn(10, 2), r"targets of shape \(10, 2\) do not match"),
+        (X, torch.ones(10, dtype=torch.long), "must be floating point"),
+        ([[1.0, 2.0, 3.0]], Y, "must be a torch.Tensor or numpy array"),
+    ],
+)
+def test_regression_inputs(x, y, message):
+    model, guide = regression()
+    with pytest.raises(ValueError, match=message):
+        fit(model, guide, x, y)
+
+
+@pytest.mark.parametrize(
+    "y,message",
+    [
+        (torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 0]), r"must lie in \[0, 4\)"),
+        (torch.tensor([0, 1, 2, 3, -1, 0, 1, 2, 3, 0]), r"must lie in \[0, 4\)"),
+        (LABELS.float(), "must be an integer tensor"),
+        (LABELS.unsqueeze(-1), r"labels of shape \(10, 1\)"),
+    ],
+)
+def test_classification_labels(y, message):
+    model, guide = classifier()
+    with pytest.raises(ValueError, match=message):
+        fit(model, guide, X, y)
+
+
+def test_numpy_inputs_are_accepted():
+    model, guide = regression()
+    fit(model, guide, X.numpy(), Y.numpy())
+
+
+def test_direct_pyro_use_never_broadcasts_targets():
+    model, guide = regression()
+    elbo = pyro.infer.Trace_ELBO()
+    # y of shape (10, 10) would broadcast against outputs (10, 1) without the check
+    for bad in (torch.randn(10, 10), torch.randn(1), torch.randn(10, 1, 1)):
+        with pytest.raises(ValueError, match="do not match the network's output"):
+            elbo.loss(model, guide, X, bad)
+    elbo.loss(model, guide, X, Y)  # (N,) is accepted for one output
+    elbo.loss(model, guide, X, Y.unsqueeze(-1))
+
+
+def test_prediction_inputs():
+    model, guide = regression()
+    with pytest.raises(ValueError, match="x contains NaN"):
+        pyrobnn.predict(model, guide, torch.full((2, 3), float("nan")))
+    with pytest.raises(ValueError, match="expects 3 features"):
+        pyrobnn.predict(model, guide, torch.randn(2, 4))
+    with pytest.raises(ValueError, match="num_samples must be positive"):
+        pyrobnn.predict(model, guide, X, 0)
+
+
+def test_custom_forward_shape_errors_name_the_input():
+    class Custom(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 1)
+
+        def forward(self, x):
+            return self.fc(torch.cat([x, x], -1))
+
+    model = pyrobnn.BayesianModel(Custom(), pyrobnn.GaussianLikelihood())
+    with pytest.raises(ValueError, match=r"cannot take x of shape \(10, 4\)"):
+        fit(model, pyrobnn.MeanFieldNormal(model), torch.randn(10, 4), Y)
+    fit(model, pyrobnn.MeanFieldNormal(model), X, Y)
+
+
+def test_configuration_errors():
+    with pytest.raises(ValueError, match="positive"):
+        pyrobnn.GaussianLikelihood(scale=-1.0)
+    with pytest.raises(ValueError, match="positive support"):
+        pyrobnn.GaussianLikelihood(scale=pyro.distributions.Normal(0.0, 1.0))
+    model, _ = regression()
+    with pytest.raises(ValueError, match="zero-mean Normal prior"):
+        pyrobnn.MCDropout(pyrobnn.BayesianModel(pyrobnn.MLP(3, 1), pyrobnn.GaussianLikelihood(), pyrobnn.LogUniformPrior()))
+    with pytest.raises(ValueError, match="only against the log-uniform prior"):
+        pyrobnn.VariationalDropout(model, alpha="unit")
+    with pytest.raises(ValueError, match="dropout rate"):
+        pyrobnn.MCDropout(model, p=1.0)
+    with pytest.raises(ValueError, match="batch_size must be positive"):
+        pyrobnn.fit(model, pyrobnn.MeanFieldNormal(model), X, Y, batch_size=0, progress=False)
+    with pytest.raises(TypeError, match="nn.Module"):
+        pyrobnn.BayesianModel(lambda x: x, pyrobnn.GaussianLikelihood())
