@@ -16,18 +16,22 @@ Registered here
     BernoulliUnitNoise / ConcreteUnitNoise  Normal(0, s^2)     Gal & Ghahramani 2016 approximation
     ======================================  =================  ======================================
 
-Normal-Normal and LogNormal-LogNormal are torch's own (exact). Pairs with no entry (a Normal
+Normal against a Normal prior is exact (torch's formula, or ours with the prior's scalars
+folded in for :class:`~pyrobnn.distributions.ScalarNormal`); LogNormal-LogNormal is torch's. Pairs with no entry (a Normal
 against :class:`~pyrobnn.distributions.ScaleMixtureNormal`) have no closed form and are
 estimated by Monte Carlo; :func:`kl_method` says which applies.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.distributions import Independent, Normal, kl_divergence, register_kl
 
 from pyrobnn.distributions import (
     ARDNormal,
+    ScalarNormal,
     BernoulliUnitNoise,
     ConcreteUnitNoise,
     GaussianUnitNoise,
@@ -72,6 +76,14 @@ def _kl_gaussian_units_loguniform(q, p):
     # the marginal of every weight is N(M, alpha_u M^2); summing the per-weight KLs is the
     # variational dropout (type A) objective of Kingma et al. 2015
     return log_uniform_kl(q.log_alpha).expand(q.batch_shape)
+
+
+@register_kl(Normal, ScalarNormal)
+def _kl_normal_scalar_normal(q, p):
+    # the Normal-Normal KL with the prior's scalars folded into constants
+    s = p.scale_value
+    loc = q.loc if p.loc_value == 0.0 else q.loc - p.loc_value
+    return (q.scale.square() + loc.square()) * (0.5 / s**2) - torch.log(q.scale) + (math.log(s) - 0.5)
 
 
 @register_kl(Normal, ARDNormal)

@@ -77,14 +77,13 @@ class SplitELBO(pyro.infer.ELBO):
         self.strict = strict
         self.kl_weight = 1.0
         self.kl_methods: dict = {}
+        self._method_cache: dict = {}
 
     # ---------------------------------------------------------------- estimation
     def _site_method(self, name, q, p) -> str:
         key = (name, type(q), type(p))
-        method = self._method_cache.get(key) if hasattr(self, "_method_cache") else None
+        method = self._method_cache.get(key)
         if method is None:
-            if not hasattr(self, "_method_cache"):
-                self._method_cache = {}
             method = "monte_carlo" if self.kl == "monte_carlo" else kl_method(q, p)
             if self.strict and self.kl == "analytic" and method == "monte_carlo":
                 raise ValueError(
