@@ -7,6 +7,7 @@ with :func:`fit` or ``pyro.infer.SVI``; predict with :func:`predict` or
 """
 
 from pyrobnn import kl  # registers the KL divergences with torch
+from pyrobnn.estimators import flipout, local_reparameterization, per_example_weights
 from pyrobnn.guides import (
     ConcreteDropout,
     GaussianDropout,
@@ -53,6 +54,9 @@ __all__ = [
     "SplitELBO",
     "KLAnnealing",
     "predict",
+    "local_reparameterization",
+    "flipout",
+    "per_example_weights",
     "save",
     "load",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -12,6 +13,7 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
+from pyrobnn.estimators import ESTIMATORS, Estimator
 from pyrobnn.infer.elbo import SplitELBO, make_elbo
 from pyrobnn.io import atomic_save, safe_load
 from pyrobnn.validation import as_tensor, check_finite, check_forward
@@ -112,6 +114,14 @@ def _batches(loader_or_tensors, batch_size, generator):
             yield batch[0], batch[1]
 
 
+def _make_estimator(estimator):
+    if estimator is None or isinstance(estimator, Estimator):
+        return estimator
+    if estimator in ESTIMATORS:
+        return ESTIMATORS[estimator]()
+    raise ValueError(f"estimator must be None, {', '.join(map(repr, ESTIMATORS))} or an Estimator, got {estimator!r}")
+
+
 class SVITrainer:
     r"""Stochastic variational inference for a model and guide, on a PyTorch optimizer.
 
@@ -132,6 +142,9 @@ class SVITrainer:
         function of the fractional epoch returning the KL weight.
     :param lr_schedule: function of the fractional epoch returning a factor on ``lr``.
     :param clip_grad_norm: clip the gradient's global norm to this value.
+    :param estimator: ``None`` (one weight sample per minibatch), ``"local"`` (local
+        reparameterization), ``"flipout"``, ``"per_example"``, or an estimator handler from
+        :mod:`pyrobnn.estimators`; the KL terms are unaffected.
     """
 
     def __init__(
@@ -145,6 +158,7 @@ class SVITrainer:
         kl_annealing=None,
         lr_schedule: Optional[Callable[[float], float]] = None,
         clip_grad_norm: Optional[float] = None,
+        estimator=None,
     ):
         self.model = model
         self.guide = guide
@@ -156,6 +170,7 @@ class SVITrainer:
         self.kl_annealing = kl_annealing
         self.lr_schedule = lr_schedule
         self.clip_grad_norm = clip_grad_norm
+        self.estimator = _make_estimator(estimator)
         self._optimizer_factory = optimizer
         self.lr = lr
         self.optimizer = None
@@ -199,14 +214,15 @@ class SVITrainer:
             for group, base in zip(self.optimizer.param_groups, self._base_lrs):
                 group["lr"] = base * factor
         self.optimizer.zero_grad(set_to_none=True)
-        if isinstance(self.elbo, SplitELBO):
-            self.elbo.kl_weight = self.kl_annealing(epoch_fraction) if self.kl_annealing else 1.0
-            terms = self.elbo.terms(self.model, self.guide, x, y, dataset_size=dataset_size)
-            loss, nll, kl, beta = terms.loss, -terms.log_likelihood.item(), terms.kl.item(), terms.kl_weight
-        else:
-            loss = self.elbo.differentiable_loss(self.model, self.guide, x, y, dataset_size=dataset_size)
-            nll = kl = math.nan
-            beta = 1.0
+        with self.estimator if self.estimator is not None else contextlib.nullcontext():
+            if isinstance(self.elbo, SplitELBO):
+                self.elbo.kl_weight = self.kl_annealing(epoch_fraction) if self.kl_annealing else 1.0
+                terms = self.elbo.terms(self.model, self.guide, x, y, dataset_size=dataset_size)
+                loss, nll, kl, beta = terms.loss, -terms.log_likelihood.item(), terms.kl.item(), terms.kl_weight
+            else:
+                loss = self.elbo.differentiable_loss(self.model, self.guide, x, y, dataset_size=dataset_size)
+                nll = kl = math.nan
+                beta = 1.0
         value = loss.item()
         step = self.history.steps
         if not math.isfinite(value):
@@ -378,6 +394,7 @@ def fit(
     kl_annealing=None,
     lr_schedule=None,
     clip_grad_norm=None,
+    estimator=None,
     progress: bool = True,
     checkpoint=None,
     checkpoint_every: int = 1,
@@ -404,6 +421,7 @@ def fit(
         kl_annealing=kl_annealing,
         lr_schedule=lr_schedule,
         clip_grad_norm=clip_grad_norm,
+        estimator=estimator,
     )
     return trainer.fit(
         x,

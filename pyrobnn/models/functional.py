@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 from torch.func import vmap
 
-__all__ = ["swap_parameters", "sample_shape_of", "call_with_weights"]
+from pyrobnn.estimators import SUPPORTED_LAYERS, apply_layer, estimator_active
+
+__all__ = ["swap_parameters", "route_layers", "sample_shape_of", "call_with_weights"]
 
 
 class swap_parameters:
@@ -49,6 +51,40 @@ class swap_parameters:
         return False
 
 
+class route_layers:
+    """Context manager that sends each random layer's forward through the
+    ``"pyrobnn_layer"`` effect (see :mod:`pyrobnn.estimators`), by giving the module
+    instance its own ``forward`` for the duration. Only the model's own modules change;
+    nothing global is patched."""
+
+    __slots__ = ("_layers",)
+
+    def __init__(self, sites, values):
+        layers = {}
+        for site, value in zip(sites, values):
+            entry = layers.setdefault(id(site.module), (site.module, {}, {}))
+            entry[1][site.param_name] = site
+            entry[2][site.param_name] = value
+        for module, _, _ in layers.values():
+            if not isinstance(module, SUPPORTED_LAYERS):
+                raise ValueError(
+                    f"the estimator supports random parameters in "
+                    f"{', '.join(t.__name__ for t in SUPPORTED_LAYERS)} layers; "
+                    f"{type(module).__name__} has random parameters"
+                )
+        self._layers = list(layers.values())
+
+    def __enter__(self):
+        for module, sites, values in self._layers:
+            module.forward = lambda x, m=module, s=sites, v=values: apply_layer(m, x, s, v)
+        return self
+
+    def __exit__(self, *exc):
+        for module, _, _ in self._layers:
+            del module.__dict__["forward"]
+        return False
+
+
 def sample_shape_of(value: torch.Tensor, site, data_dims: int = 1) -> torch.Size:
     """The leading sample dimensions of a sampled parameter, without the plate slots."""
     extra = value.dim() - len(site.shape)
@@ -74,15 +110,22 @@ def sample_shape_of(value: torch.Tensor, site, data_dims: int = 1) -> torch.Size
 def call_with_weights(net, sites, values, x, data_dims: int = 1):
     """``net(x)`` with each site's parameter replaced by ``values[site.name]``.
 
-    Values without sample dimensions are swapped in and the network runs once. Otherwise the
+    While an estimator handler is active the random layers route through it
+    (:class:`route_layers`). Values without sample dimensions are swapped in and the network
+    runs once. Otherwise the
     sample dimensions of all values are broadcast together, flattened, and the network is
     vmapped over them (``randomness="different"``, so any noise drawn inside the network is
     independent per sample). The output has shape ``sample_shape + net(x).shape``.
     """
     shapes = [sample_shape_of(values[s.name], s, data_dims) for s in sites]
     sample_shape = torch.broadcast_shapes(*shapes) if shapes else torch.Size()
+    route = estimator_active()
     if not sample_shape:
-        with swap_parameters([(s.module, s.param_name, values[s.name].reshape(s.shape)) for s in sites]):
+        weights = [values[s.name].reshape(s.shape) for s in sites]
+        with swap_parameters([(s.module, s.param_name, w) for s, w in zip(sites, weights)]):
+            if route:
+                with route_layers(sites, weights):
+                    return net(x)
             return net(x)
 
     flat = []
@@ -92,6 +135,9 @@ def call_with_weights(net, sites, values, x, data_dims: int = 1):
 
     def one_sample(*weights):
         with swap_parameters([(s.module, s.param_name, w) for s, w in zip(sites, weights)]):
+            if route:
+                with route_layers(sites, weights):
+                    return net(x)
             return net(x)
 
     out = vmap(one_sample, randomness="different")(*flat)
