@@ -1,12 +1,15 @@
-"""Data sets generated in code (no downloads)."""
+"""Data sets: toy problems generated in code, and the benchmark data read from disk
+(MNIST, UCI regression splits). Nothing here downloads unless asked to."""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 
 import torch
 
-__all__ = ["blundell_curve", "blundell_regression", "gap_regression", "two_moons"]
+__all__ = ["blundell_curve", "blundell_regression", "gap_regression", "two_moons", "data_dir", "cache_dir", "mnist"]
 
 
 def blundell_curve(x: torch.Tensor, eps: torch.Tensor | float = 0.0) -> torch.Tensor:
@@ -54,3 +57,72 @@ def two_moons(n: int = 400, noise: float = 0.15, seed: int = 0, dtype=torch.floa
     y = torch.cat([torch.zeros(half, dtype=torch.long), torch.ones(n - half, dtype=torch.long)])
     perm = torch.randperm(n, generator=g)
     return x[perm].to(dtype), y[perm]
+
+
+# --------------------------------------------------------------------------- data on disk
+def data_dir(path=None) -> str:
+    """The benchmark data folder: ``path``, else ``$PYROBNN_DATA``. It holds ``MNIST/raw``
+    (torchvision's layout) and ``uci/<name>/`` (the standard splits)."""
+    path = path or os.environ.get("PYROBNN_DATA")
+    if not path:
+        raise FileNotFoundError(
+            "no data folder given: pass a path or set PYROBNN_DATA to the folder that holds "
+            "MNIST/raw and uci/"
+        )
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def cache_dir(path=None) -> str:
+    """A writable folder for extracted data: ``path``, else ``$PYROBNN_CACHE``, else
+    ``~/.cache/pyrobnn``."""
+    path = path or os.environ.get("PYROBNN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pyrobnn")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def mnist(root=None, train: bool = True, subset=None, seed: int = 0, cache=None, download: bool = False):
+    """MNIST through ``torchvision.datasets.MNIST``, as tensors ``(x, y)``: images of shape
+    ``(N, 1, 28, 28)`` scaled to [0, 1] and integer labels.
+
+    :param root: the folder that holds ``MNIST/raw`` (torchvision's layout), default
+        :func:`data_dir`. Its gzipped files are copied to ``cache`` and extracted there, so
+        ``root`` is never written to (it may be read-only or shared).
+    :param subset: keep this many examples, chosen with a generator seeded by ``seed``
+        (e.g. the 1,000-image training set of the dropout experiments).
+    :param download: let torchvision download the files when they are not found (needs
+        internet; off by default, and never used by the tests or the demo).
+    """
+    import torchvision
+
+    target = os.path.join(cache_dir(cache), "torchvision")
+    raw = os.path.join(target, "MNIST", "raw")
+    have = all(os.path.exists(os.path.join(raw, f)) for f in _MNIST_FILES)
+    if not have:
+        source = None
+        try:
+            source = os.path.join(data_dir(root), "MNIST", "raw")
+        except FileNotFoundError:
+            if not download:
+                raise
+        if source is not None and os.path.isdir(source):
+            os.makedirs(raw, exist_ok=True)
+            for name in _MNIST_FILES:
+                gz = os.path.join(source, name + ".gz")
+                if not os.path.exists(gz):
+                    raise FileNotFoundError(f"MNIST file {gz} is missing")
+                if not os.path.exists(os.path.join(raw, name + ".gz")):
+                    shutil.copyfile(gz, os.path.join(raw, name + ".gz"))
+        elif not download:
+            raise FileNotFoundError(f"no MNIST files in {source} (expected MNIST/raw/*.gz under the data folder)")
+    dataset = torchvision.datasets.MNIST(target, train=train, download=True)
+    x = dataset.data.unsqueeze(1).to(torch.get_default_dtype()) / 255.0
+    y = dataset.targets.long()
+    if subset is not None:
+        if not 0 < subset <= x.shape[0]:
+            raise ValueError(f"subset must be between 1 and {x.shape[0]}, got {subset}")
+        idx = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:subset]
+        x, y = x[idx], y[idx]
+    return x, y

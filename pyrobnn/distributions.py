@@ -73,9 +73,10 @@ class ScalarNormal(Normal):
     def log_prob(self, value):
         z = value if self.loc_value == 0.0 else value - self.loc_value
         const = -math.log(self.scale_value) - _HALF_LOG_2PI
-        return z.square().mul(-0.5 / self.scale_value**2).add(const).expand(
-            torch.broadcast_shapes(value.shape, self.batch_shape)
-        )
+        out = z.square().mul(-0.5 / self.scale_value**2).add(const)
+        if value.shape[max(0, value.dim() - len(self.batch_shape)) :] != self.batch_shape:
+            out = out.expand(torch.broadcast_shapes(value.shape, self.batch_shape))
+        return out
 
 
 class SampleAwareNormal(Normal):

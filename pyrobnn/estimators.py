@@ -201,6 +201,34 @@ def _var(f):
     return None if f is None or f.kind != "gaussian" else f.var
 
 
+class _GaussianSample(torch.autograd.Function):
+    """``mean + sqrt(var) * eps`` with ``eps ~ N(0, 1)``, in as few passes over the
+    activations as autograd allows: the backward needs only ``eps / (2 sqrt(var))``, which
+    the forward stores instead of ``eps`` and ``sqrt(var)``. (At large batches these passes,
+    not the products, are what local reparameterization adds.)"""
+
+    @staticmethod
+    def forward(ctx, mean, var):
+        std = torch.sqrt(var)
+        eps = torch.randn_like(mean)
+        out = torch.addcmul(mean, std, eps)
+        ctx.save_for_backward(eps.div_(std.mul_(2.0)))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ratio,) = ctx.saved_tensors
+        return grad, grad * ratio
+
+
+def gaussian_sample(mean, var):
+    """A draw from ``N(mean, var)`` element-wise, reparameterized."""
+    if torch._C._are_functorch_transforms_active():
+        # inside vmap (vectorized prediction): plain operations, which vmap batches
+        return mean + torch.sqrt(var) * torch.randn_like(mean)
+    return _GaussianSample.apply(mean, var)
+
+
 class LocalReparameterization(Estimator):
     r"""Sample pre-activations instead of weights (Kingma, Salimans & Welling 2015):
 
@@ -218,12 +246,15 @@ class LocalReparameterization(Estimator):
         w_var, b_var = _var(w), _var(b)
         if w_var is None and b_var is None:
             return mean
+        # the variance floor keeps gradients finite at zero variance; added through the
+        # bias term of the product, it costs no pass of its own
+        floor = torch.full(mean.shape[1:2], _TINY_VARIANCE, dtype=mean.dtype, device=mean.device)
+        b_var = floor if b_var is None else b_var + _TINY_VARIANCE
         if w_var is None:
-            var = b_var.reshape((-1,) + (1,) * (mean.dim() - 2)) if mean.dim() > 2 else b_var
-            var = var.expand_as(mean)
+            var = b_var.reshape((-1,) + (1,) * (mean.dim() - 2)).expand_as(mean)
         else:
             var = _layer_conv(module, x * x, w_var, b_var)
-        return mean + torch.sqrt(var + _TINY_VARIANCE) * torch.randn_like(mean)
+        return gaussian_sample(mean, var)
 
 
 def _rademacher(shape, like):

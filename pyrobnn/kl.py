@@ -39,7 +39,7 @@ from pyrobnn.distributions import (
     MultiplicativeNormal,
 )
 
-__all__ = ["kl_method", "log_uniform_kl", "dropout_kl", "base_distribution", "kl_divergence"]
+__all__ = ["kl_method", "log_uniform_kl", "normal_kl", "dropout_kl", "base_distribution", "kl_divergence"]
 
 # Molchanov, Ashukha & Vetrov 2017, eq. 14
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
@@ -78,12 +78,16 @@ def _kl_gaussian_units_loguniform(q, p):
     return log_uniform_kl(q.log_alpha).expand(q.batch_shape)
 
 
+def normal_kl(loc, scale, prior_loc: float, prior_scale: float):
+    r""":math:`KL(N(\mu, \sigma^2) \| N(m, s^2)) = \frac{\sigma^2 + (\mu - m)^2}{2 s^2} - \log\sigma
+    + \log s - \tfrac12` per element, for a prior with scalar ``m`` and ``s``."""
+    diff = loc if prior_loc == 0.0 else loc - prior_loc
+    return (scale.square() + diff.square()) * (0.5 / prior_scale**2) - torch.log(scale) + (math.log(prior_scale) - 0.5)
+
+
 @register_kl(Normal, ScalarNormal)
 def _kl_normal_scalar_normal(q, p):
-    # the Normal-Normal KL with the prior's scalars folded into constants
-    s = p.scale_value
-    loc = q.loc if p.loc_value == 0.0 else q.loc - p.loc_value
-    return (q.scale.square() + loc.square()) * (0.5 / s**2) - torch.log(q.scale) + (math.log(s) - 0.5)
+    return normal_kl(q.loc, q.scale, p.loc_value, p.scale_value)
 
 
 @register_kl(Normal, ARDNormal)

@@ -94,3 +94,21 @@ def test_per_site_priors_by_pattern():
     assert torch.allclose(d.scale, torch.tensor(10.0))
     d = model.prior_distribution(model.site("0.weight")).base_dist
     assert torch.allclose(d.scale, torch.tensor(0.1 / 2**0.5))
+
+
+def test_guides_hold_at_most_two_tensors_per_weight_tensor():
+    net = pyrobnn.LeNet300100()
+    n_weights = sum(p.numel() for p in net.parameters())
+    for prior, make in [
+        (pyrobnn.NormalPrior(1.0), lambda m: pyrobnn.MeanFieldNormal(m)),
+        (pyrobnn.LogUniformPrior(), lambda m: pyrobnn.SparseVariationalDropout(m)),
+        (pyrobnn.LogUniformPrior(), lambda m: pyrobnn.VariationalDropout(m, alpha="unit")),
+        (pyrobnn.NormalPrior(1.0), lambda m: pyrobnn.MCDropout(m)),
+        (pyrobnn.NormalPrior(1.0), lambda m: pyrobnn.ConcreteDropout(m)),
+    ]:
+        guide = make(pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood(), prior))
+        weight_sized = [p for p in guide.parameters() if p.dim() and p.numel() >= 10]
+        n_guide = sum(p.numel() for p in guide.parameters())
+        assert len(weight_sized) <= 2 * 6
+        # per-unit and per-layer extras are small next to the weights
+        assert 2 * n_weights >= n_guide - 1200, type(guide).__name__

@@ -7,9 +7,9 @@ import math
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from pyrobnn.numerics import softplus
 from pyrobnn.params import announce_param
 
 __all__ = ["WeightGuide", "inverse_softplus", "site_key"]
@@ -75,9 +75,18 @@ class WeightGuide(nn.Module):
     def posterior_mean_of(self, site) -> torch.Tensor:
         raise NotImplementedError
 
+    def fused_terms(self, site, prior):
+        """A pure function and its tensor arguments computing ``(scale, kl_sum)`` of a
+        Gaussian factor with mean :meth:`posterior_mean_of` together with its KL against
+        ``prior`` (the site's prior, batch shape ``site.shape``), or ``None`` where this
+        guide has no such form for the pair. :class:`~pyrobnn.infer.flat.FlatELBO` uses it
+        to compute a layer's moments and KL in one pass, compiled when asked; the function
+        must equal :meth:`posterior` and the registered KL (the tests check that)."""
+        return None
+
     def latent_posterior(self, name):
         key = site_key(name)
-        return dist.LogNormal(self.latent_loc[key], F.softplus(self.latent_rho[key]), validate_args=False)
+        return dist.LogNormal(self.latent_loc[key], softplus(self.latent_rho[key]), validate_args=False)
 
     # ------------------------------------------------------------------ derived
     def site_prior(self, site, like: torch.Tensor):

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from pyrobnn.distributions import SampleAwareNormal
+from pyrobnn.distributions import SampleAwareNormal, ScalarNormal
 from pyrobnn.guides.base import WeightGuide, inverse_softplus, site_key
+from pyrobnn.kl import normal_kl
+from pyrobnn.numerics import softplus
 
-__all__ = ["MeanFieldNormal"]
+__all__ = ["MeanFieldNormal", "mean_field_normal_terms"]
+
+
+def mean_field_normal_terms(loc, rho, prior_loc: float, prior_scale: float):
+    """``softplus(rho)`` and the summed KL of ``N(loc, softplus(rho)^2)`` against
+    ``N(prior_loc, prior_scale^2)``: the fused form of :class:`MeanFieldNormal`'s factor."""
+    scale = softplus(rho)
+    return scale, normal_kl(loc, scale, prior_loc, prior_scale).sum()
 
 
 class MeanFieldNormal(WeightGuide):
@@ -58,11 +66,17 @@ class MeanFieldNormal(WeightGuide):
             )
 
     def scale_of(self, site) -> torch.Tensor:
-        return F.softplus(self.rho[site_key(site.name)])
+        return softplus(self.rho[site_key(site.name)])
 
     def posterior(self, site):
         key = site_key(site.name)
-        return SampleAwareNormal(self.loc[key], F.softplus(self.rho[key]), validate_args=False)
+        return SampleAwareNormal(self.loc[key], softplus(self.rho[key]), validate_args=False)
 
     def posterior_mean_of(self, site):
         return self.loc[site_key(site.name)]
+
+    def fused_terms(self, site, prior):
+        if not isinstance(prior, ScalarNormal):
+            return None
+        key = site_key(site.name)
+        return mean_field_normal_terms, (self.loc[key], self.rho[key], prior.loc_value, prior.scale_value)

@@ -4,15 +4,24 @@ Gaussian dropout."""
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
 
-from pyrobnn.distributions import GaussianUnitNoise, MultiplicativeNormal
+from pyrobnn.distributions import GaussianUnitNoise, LogUniform, MultiplicativeNormal
 from pyrobnn.guides.base import WeightGuide, site_key
+from pyrobnn.kl import log_uniform_kl
 from pyrobnn.priors import LogUniformPrior
 
-__all__ = ["VariationalDropout", "SparseVariationalDropout", "GaussianDropout"]
+__all__ = ["VariationalDropout", "SparseVariationalDropout", "GaussianDropout", "sparse_vd_terms"]
+
+
+def sparse_vd_terms(theta, log_sigma2, log_alpha_min: float, log_alpha_max: float):
+    """The scale of :meth:`MultiplicativeNormal.from_log_sigma2` and the summed log-uniform KL
+    approximation: the fused form of :class:`VariationalDropout`'s per-weight factor."""
+    q = MultiplicativeNormal.from_log_sigma2(theta, log_sigma2, log_alpha_min, log_alpha_max)
+    return q.scale, log_uniform_kl(q.log_alpha).sum()
 
 
 class VariationalDropout(WeightGuide):
@@ -34,9 +43,11 @@ class VariationalDropout(WeightGuide):
 
         Biases have no input unit; in the unit modes they get independent per-element noise
         with their own (learned or fixed) :math:`\alpha`.
-    :param init_log_sigma2: initial :math:`\log\sigma^2` in ``"weight"`` mode (``-10``, as in
-        Molchanov et al.'s code: starting almost noise-free).
-    :param init_log_alpha: initial :math:`\log\alpha` in ``"unit"`` mode (``-4``).
+    :param init_log_sigma2: initial :math:`\log\sigma^2` in ``"weight"`` mode (default
+        ``-10``, as in Molchanov et al.'s code: starting almost noise-free).
+    :param init_log_alpha: initial :math:`\log\alpha`: in ``"unit"`` mode (default ``-4``),
+        and in ``"weight"`` mode instead of ``init_log_sigma2`` if given
+        (:math:`\log\sigma^2 = \log\alpha + \log\theta^2`).
     :param log_alpha_range: :math:`\log\alpha` is clipped to this range, ``(-8, 8)`` by
         default, the range on which the log-uniform KL approximation was fitted. The
         variance is computed from the clipped value, so samples and KL agree. Kingma et al.'s
@@ -52,8 +63,8 @@ class VariationalDropout(WeightGuide):
         self,
         model,
         alpha="weight",
-        init_log_sigma2: float = -10.0,
-        init_log_alpha: float = -4.0,
+        init_log_sigma2: Optional[float] = None,
+        init_log_alpha: Optional[float] = None,
         log_alpha_range=(-8.0, 8.0),
     ):
         super().__init__(model)
@@ -79,7 +90,11 @@ class VariationalDropout(WeightGuide):
             value = model.init_value(site).detach()
             self.theta[key] = nn.Parameter(value.clone())
             if self.mode == "weight":
-                self.log_sigma2[key] = nn.Parameter(torch.full_like(value, init_log_sigma2))
+                if init_log_alpha is not None:
+                    log_sigma2 = init_log_alpha + torch.log(value**2 + MultiplicativeNormal.eps)
+                else:
+                    log_sigma2 = torch.full_like(value, -10.0 if init_log_sigma2 is None else init_log_sigma2)
+                self.log_sigma2[key] = nn.Parameter(log_sigma2)
                 continue
             if site.unit_shape is None:
                 raise ValueError(
@@ -96,7 +111,7 @@ class VariationalDropout(WeightGuide):
             if self.mode == "unit":
                 shape = site.unit_shape if len(site.unit_shape) else site.shape
                 self.log_alpha[key] = nn.Parameter(
-                    torch.full(shape, float(init_log_alpha), dtype=value.dtype, device=value.device)
+                    torch.full(shape, -4.0 if init_log_alpha is None else float(init_log_alpha), dtype=value.dtype, device=value.device)
                 )
 
     def _clip(self, log_alpha):
@@ -121,6 +136,12 @@ class VariationalDropout(WeightGuide):
 
     def posterior_mean_of(self, site):
         return self.theta[site_key(site.name)]
+
+    def fused_terms(self, site, prior):
+        if self.mode != "weight" or not isinstance(prior, LogUniform):
+            return None
+        key = site_key(site.name)
+        return sparse_vd_terms, (self.theta[key], self.log_sigma2[key], *self.log_alpha_range)
 
 
 class SparseVariationalDropout(VariationalDropout):
