@@ -7,6 +7,7 @@ with :func:`fit` or ``pyro.infer.SVI``; predict with :func:`predict` or
 """
 
 from pyrobnn import kl  # registers the KL divergences with torch
+from pyrobnn import runtime
 from pyrobnn.estimators import flipout, local_reparameterization, per_example_weights
 from pyrobnn.guides import (
     ConcreteDropout,
