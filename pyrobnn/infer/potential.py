@@ -1,0 +1,111 @@
+"""The posterior of a BayesianModel as a potential energy over a flat parameter vector."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributions import biject_to
+
+from pyrobnn.models.functional import call_with_weights
+
+__all__ = ["FlatPotential"]
+
+
+class FlatPotential:
+    r"""Potential energy :math:`U(z) = -\log p(y \mid x, w) - \log p(w) - \log|J|` of a
+    :class:`~pyrobnn.models.BayesianModel` on a flat unconstrained vector ``z``, for a batch of
+    chains at once: ``z`` has shape ``(chains, dim)`` and :meth:`__call__` returns one energy per
+    chain from a single vmapped pass of the network over all chains.
+
+    The latent sites are the model's weight sites (real-valued) and its likelihood's latent
+    sites (a noise scale with a prior), mapped from the real line by
+    ``torch.distributions.biject_to`` of their support, with the log-Jacobian added. Point
+    parameters of the model (deterministic layers, a *learned* noise scale) enter as the
+    constants they currently are. This evaluates the same density as Pyro's ``NUTS(model)``
+    would trace, without tracing: the test suite checks the two against each other.
+
+    :param x, y: the data (all of it: no minibatch scaling).
+    """
+
+    def __init__(self, model, x, y):
+        self.model = model
+        self.x = x
+        self.y = model.likelihood.check_targets(y, _output_shape(model, x))
+        self.sites = list(model.sites)
+        self.priors = [model.prior_distribution(s) for s in self.sites]
+        self.latents = list(model.likelihood.latent_sites().items())
+        self.transforms = [biject_to(prior.support) for _, prior in self.latents]
+        shapes = [s.shape for s in self.sites] + [prior.event_shape for _, prior in self.latents]
+        names = [s.name for s in self.sites] + [name for name, _ in self.latents]
+        self.blocks = []
+        offset = 0
+        for name, shape in zip(names, shapes):
+            size = shape.numel()
+            self.blocks.append((name, offset, offset + size, shape))
+            offset += size
+        self.dim = offset
+
+    @property
+    def names(self):
+        return [b[0] for b in self.blocks]
+
+    def unpack(self, z) -> dict:
+        """Constrained values ``{site: tensor (chains, *shape)}`` from ``z`` of shape
+        ``(chains, dim)``."""
+        values = {}
+        n_weights = len(self.sites)
+        for i, (name, start, stop, shape) in enumerate(self.blocks):
+            block = z[:, start:stop].reshape((z.shape[0],) + tuple(shape))
+            values[name] = block if i < n_weights else self.transforms[i - n_weights](block)
+        return values
+
+    def __call__(self, z):
+        """``U(z)``, shape ``(chains,)``."""
+        chains = z.shape[0]
+        log_p = torch.zeros(chains, dtype=z.dtype, device=z.device)
+        weights = {}
+        for site, prior, (name, start, stop, _) in zip(self.sites, self.priors, self.blocks):
+            w = z[:, start:stop].reshape((chains,) + tuple(site.shape))
+            weights[name] = w
+            log_p = log_p + prior.log_prob(w)
+        latents = {}
+        for (name, prior), transform, (_, start, stop, shape) in zip(
+            self.latents, self.transforms, self.blocks[len(self.sites):]
+        ):
+            u = z[:, start:stop].reshape((chains,) + tuple(shape))
+            value = transform(u)
+            log_p = log_p + prior.log_prob(value) + transform.log_abs_det_jacobian(u, value)
+            # the likelihood reads latent samples with Pyro's plate slot: (chains, 1)
+            latents[name] = value.unsqueeze(-1)
+        output = call_with_weights(self.model.net, self.sites, weights, self.x)
+        log_lik = self.model.likelihood.distribution(output, **latents).log_prob(self.y)
+        return -(log_p + log_lik.reshape(chains, -1).sum(-1))
+
+    def value_and_grad(self, z):
+        """``(U(z), dU/dz)`` for every chain."""
+        with torch.enable_grad():
+            z = z.detach().requires_grad_(True)
+            energy = self(z)
+            (grad,) = torch.autograd.grad(energy.sum(), z)
+        return energy.detach(), grad
+
+    def value_and_grad_functional(self, z):
+        """As :meth:`value_and_grad`, through ``torch.func`` (traceable by ``torch.compile``)."""
+
+        def total(z):
+            energy = self(z)
+            return energy.sum(), energy
+
+        grad, (_, energy) = torch.func.grad_and_value(total, has_aux=True)(z)
+        return energy, grad
+
+    def initial(self, chains: int, radius: float = 2.0, generator=None):
+        """Uniform draws on ``[-radius, radius]`` in unconstrained space (Stan's and Pyro's
+        default initialization)."""
+        return (torch.rand(chains, self.dim, generator=generator, dtype=self.model.dtype) * 2 - 1).mul_(radius).to(self.model.device)
+
+
+def _output_shape(model, x):
+    from pyrobnn.validation import check_forward
+
+    shape = check_forward(model.net, x)
+    return (x.shape[0], shape[-1])
