@@ -17,6 +17,37 @@ def _demo(args) -> int:
     return 0
 
 
+def _parse_splits(text):
+    if text is None:
+        return None
+    out = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out.extend(range(int(lo), int(hi) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def _compare(args) -> int:
+    from pyrobnn.compare import format_markdown, run_compare
+
+    rows = run_compare(
+        dataset=args.dataset,
+        out_dir=args.out,
+        data_dir=args.data_dir,
+        splits=_parse_splits(args.splits),
+        methods=args.methods.split(",") if args.methods else None,
+        quick=args.quick,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    print(format_markdown(args.dataset, rows, args.quick))
+    print(f"tables, plots and NUTS diagnostics in {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pyrobnn", description="Bayesian neural networks on Pyro")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -27,6 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--samples", type=int, default=500, help="posterior samples for prediction")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(run=_demo)
+
+    compare = sub.add_parser("compare", help="NUTS beside every VI method on a small regression problem")
+    compare.add_argument("--dataset", default="toy", help="'toy' (generated, with a gap in the inputs) or a UCI set such as yacht")
+    compare.add_argument("--data-dir", default=None, help="folder holding uci/<name> (default $PYROBNN_DATA)")
+    compare.add_argument("--splits", default=None, help="UCI splits, e.g. 0-4 or 0,3,7 (default: all)")
+    compare.add_argument("--methods", default=None, help="comma-separated subset of the methods (NUTS always runs)")
+    compare.add_argument("--out", default="pyrobnn-compare")
+    compare.add_argument("--seed", type=int, default=0)
+    compare.add_argument("--quick", action="store_true", help="short runs, for a check that everything works")
+    compare.add_argument("--quiet", action="store_true", help="no progress bars")
+    compare.set_defaults(run=_compare)
     return parser
 
 

@@ -6,10 +6,14 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["blundell_curve", "blundell_regression", "gap_regression", "two_moons", "data_dir", "cache_dir", "mnist"]
+__all__ = [
+    "blundell_curve", "blundell_regression", "gap_regression", "two_moons",
+    "data_dir", "cache_dir", "mnist", "UCISplit", "uci", "uci_num_splits",
+]
 
 
 def blundell_curve(x: torch.Tensor, eps: torch.Tensor | float = 0.0) -> torch.Tensor:
@@ -126,3 +130,120 @@ def mnist(root=None, train: bool = True, subset=None, seed: int = 0, cache=None,
         idx = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:subset]
         x, y = x[idx], y[idx]
     return x, y
+
+
+# --------------------------------------------------------------------------- UCI regression
+@dataclass
+class UCISplit:
+    """One train/test split of a UCI regression data set, standardized with the training
+    split's statistics (inputs and target). ``y_mean`` and ``y_std`` map predictions back to
+    the original units (:meth:`pyrobnn.predictions.RegressionPrediction.rescale`).
+
+    Feature columns that are constant on the training split (naval-propulsion-plant has two;
+    rounding in the mean can give one a standard deviation of 1e-13 rather than 0) get a
+    standard deviation of 1, so that they are centred and not divided by (almost) zero."""
+
+    name: str
+    split: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    x_mean: torch.Tensor
+    x_std: torch.Tensor
+    y_mean: torch.Tensor
+    y_std: torch.Tensor
+    meta: dict
+
+    @property
+    def y_test_original(self) -> torch.Tensor:
+        return self.y_test * self.y_std + self.y_mean
+
+
+def _uci_folder(name, data_path):
+    base = data_dir(data_path)
+    folder = os.path.join(base, "uci", name) if os.path.isdir(os.path.join(base, "uci")) else os.path.join(base, name)
+    if not os.path.isdir(folder):
+        parent = os.path.dirname(folder)
+        available = sorted(os.listdir(parent)) if os.path.isdir(parent) else []
+        raise FileNotFoundError(f"no UCI data set {name!r} in {parent}" + (f"; available: {available}" if available else ""))
+    return folder
+
+
+def _read_numbers(path, dtype, what):
+    import numpy as np
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} file {path} is missing")
+    try:
+        return np.loadtxt(path, dtype=dtype, ndmin=1)
+    except ValueError as e:
+        raise ValueError(f"{path} is malformed ({what}): {e}") from e
+
+
+def uci_num_splits(name: str, data_path=None) -> int:
+    """Number of standard splits of a UCI data set (20, or 5 for protein)."""
+    folder = _uci_folder(name, data_path)
+    path = os.path.join(folder, "n_splits.txt")
+    if os.path.isfile(path):
+        return int(_read_numbers(path, float, "split count")[0])
+    return len([f for f in os.listdir(folder) if f.startswith("index_train_")])
+
+
+def uci(name: str, split: int = 0, data_path=None, dtype=torch.float32) -> UCISplit:
+    """Split ``split`` of the UCI regression set ``name`` in the layout of Hernández-Lobato &
+    Adams 2015 / Gal & Ghahramani 2016 (``data.txt``, ``index_features.txt``,
+    ``index_target.txt``, ``index_train_<i>.txt``, ``index_test_<i>.txt``).
+
+    :param data_path: the data folder holding ``uci/<name>`` (default ``$PYROBNN_DATA``).
+    """
+    import numpy as np
+
+    folder = _uci_folder(name, data_path)
+    n_splits = uci_num_splits(name, data_path)
+    if not 0 <= split < n_splits:
+        raise ValueError(f"{name} has splits 0 to {n_splits - 1}, not {split}")
+    data = _read_numbers(os.path.join(folder, "data.txt"), np.float64, "data")
+    if data.ndim != 2:
+        raise ValueError(f"{os.path.join(folder, 'data.txt')} is malformed: expected a table of numbers")
+    if not np.isfinite(data).all():
+        raise ValueError(f"{os.path.join(folder, 'data.txt')} contains non-finite values")
+    features = _read_numbers(os.path.join(folder, "index_features.txt"), np.int64, "feature index")
+    target = _read_numbers(os.path.join(folder, "index_target.txt"), np.int64, "target index")
+    train = _read_numbers(os.path.join(folder, f"index_train_{split}.txt"), np.int64, "training index")
+    test = _read_numbers(os.path.join(folder, f"index_test_{split}.txt"), np.int64, "test index")
+    rows, cols = data.shape
+    for what, idx, bound in (("feature", features, cols), ("target", target, cols), ("training", train, rows), ("test", test, rows)):
+        if idx.size == 0:
+            raise ValueError(f"{name}: the {what} index file is empty")
+        if idx.min() < 0 or idx.max() >= bound:
+            raise ValueError(f"{name}: {what} indices out of range [0, {bound})")
+    if np.intersect1d(train, test).size:
+        raise ValueError(f"{name} split {split}: training and test rows overlap")
+    x, y = data[:, features], data[:, target[:1]]
+    x_train, y_train, x_test, y_test = x[train], y[train], x[test], y[test]
+    x_mean, x_std = x_train.mean(0), x_train.std(0)
+    # a constant column can have a standard deviation of 1e-13 from rounding in its mean
+    constant = (x_train.max(0) == x_train.min(0)) | (x_std <= 1e-12 * np.maximum(1.0, np.abs(x_mean)))
+    x_std = np.where(constant, 1.0, x_std)
+    y_mean, y_std = y_train.mean(0), y_train.std(0)
+    y_std = np.where(y_std > 0, y_std, 1.0)
+    meta = {}
+    for key in ("n_hidden", "n_epochs"):
+        path = os.path.join(folder, f"{key}.txt")
+        if os.path.isfile(path):
+            meta[key] = int(_read_numbers(path, float, key)[0])
+    for key in ("dropout_rates", "tau_values"):
+        path = os.path.join(folder, f"{key}.txt")
+        if os.path.isfile(path):
+            meta[key] = _read_numbers(path, float, key).tolist()
+
+    def t(a):
+        return torch.as_tensor(np.asarray(a), dtype=dtype)
+
+    return UCISplit(
+        name, split,
+        t((x_train - x_mean) / x_std), t((y_train - y_mean) / y_std),
+        t((x_test - x_mean) / x_std), t((y_test - y_mean) / y_std),
+        t(x_mean), t(x_std), t(y_mean), t(y_std), meta,
+    )

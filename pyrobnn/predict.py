@@ -36,16 +36,28 @@ def _concat(parts):
     return ClassificationPrediction(torch.cat([p.sample_probs for p in parts], 1))
 
 
+def _posterior_samples(posterior):
+    """``{site: (S, *shape)}`` from an MCMC result or a dict of samples; ``None`` for a guide."""
+    if hasattr(posterior, "flat_samples"):
+        return posterior.flat_samples()
+    if isinstance(posterior, dict):
+        return posterior
+    return None
+
+
 @torch.no_grad()
-def _sampled(model, guide, x, num_samples, sample_batch_size):
+def _sampled(model, guide, x, num_samples, sample_batch_size, samples_given=None):
     latent_names = list(model.likelihood.latent_sites())
     outputs, latents = [], {k: [] for k in latent_names}
     done = 0
     while done < num_samples:
         s = min(sample_batch_size, num_samples - done)
-        samples = Predictive(
-            model, guide=guide, num_samples=s, parallel=True, return_sites=["_RETURN", *latent_names]
-        )(x)
+        if samples_given is not None:
+            chunk = {k: v[done : done + s] for k, v in samples_given.items()}
+            predictive = Predictive(model, posterior_samples=chunk, parallel=True, return_sites=["_RETURN", *latent_names])
+        else:
+            predictive = Predictive(model, guide=guide, num_samples=s, parallel=True, return_sites=["_RETURN", *latent_names])
+        samples = predictive(x)
         outputs.append(samples["_RETURN"])
         for k in latent_names:
             latents[k].append(samples[k].reshape(s))
@@ -66,7 +78,7 @@ def predict(
     model,
     guide,
     x,
-    num_samples: int = 100,
+    num_samples: Optional[int] = 100,
     *,
     method: str = "sample",
     batch_size: Optional[int] = None,
@@ -75,6 +87,10 @@ def predict(
 ):
     r"""The posterior predictive at ``x``.
 
+    :param guide: a trained guide, or posterior samples: an
+        :class:`~pyrobnn.infer.hmc.MCMCResult` or a dict ``{site: (S, *shape)}``.
+    :param num_samples: weight samples to draw from a guide; with posterior samples, how many
+        of them to use (``None``: all).
     :param method: ``"sample"`` averages over ``num_samples`` weight samples from the guide,
         drawn through ``pyro.infer.Predictive(parallel=True)``: one batched pass per chunk of
         samples, not a Python loop per sample. ``"mean"`` is the naive prediction with every
@@ -96,6 +112,15 @@ def predict(
     check_finite(x, "x")
     if method not in ("sample", "mean"):
         raise ValueError(f"method must be 'sample' or 'mean', got {method!r}")
+    given = _posterior_samples(guide)
+    if given is not None:
+        if method == "mean":
+            raise ValueError("method='mean' needs a guide; with posterior samples use method='sample'")
+        available = next(iter(given.values())).shape[0]
+        num_samples = available if num_samples is None else min(int(num_samples), available)
+        given = {k: v[:num_samples] for k, v in given.items()}
+    elif num_samples is None:
+        raise ValueError("num_samples is required with a guide")
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
     if seed is not None:
@@ -104,19 +129,21 @@ def predict(
     check_forward(model.net, x)
     batch_size = x.shape[0] if batch_size is None else int(batch_size)
     sample_batch_size = num_samples if sample_batch_size is None else int(sample_batch_size)
-    was_training = model.training, guide.training
+    was_training = model.training, getattr(guide, "training", False)
     model.eval()
-    guide.eval()
+    if given is None:
+        guide.eval()
     try:
         parts = []
         for i in range(0, x.shape[0], batch_size):
             xb = x[i : i + batch_size]
             if method == "sample":
-                outputs, latents = _sampled(model, guide, xb, num_samples, sample_batch_size)
+                outputs, latents = _sampled(model, guide, xb, num_samples, sample_batch_size, given)
             else:
                 outputs, latents = _at_mean(model, guide, xb)
             parts.append(model.likelihood.summarize(outputs, latents))
     finally:
         model.train(was_training[0])
-        guide.train(was_training[1])
+        if given is None:
+            guide.train(was_training[1])
     return parts[0] if len(parts) == 1 else _concat(parts)

@@ -41,3 +41,39 @@ def test_classification_example(tmp_path):
     result = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
     assert result["accuracy"] > 0.85  # chance is 0.5
     assert (tmp_path / "c.png").exists()
+
+
+def test_compare_quick_on_the_toy_data(tmp_path):
+    stdout = run([sys.executable, "-m", "pyrobnn.cli", "compare", "--quick", "--out", "cmp", "--quiet"], tmp_path)
+    out = tmp_path / "cmp"
+    for name in ("results.md", "results.csv", "results.json", "predictive_bands.png", "calibration.png", "nuts_trace_predictions.png", "nuts_rank_predictions.png", "nuts_ppc.png", "nuts.nc"):
+        assert (out / name).stat().st_size > 0, name
+    results = json.load(open(out / "results.json"))
+    rows = {r["key"]: r for r in results["summary"]}
+    assert set(rows) == {"nuts", "meanfield", "meanfield_mixture", "variational_dropout", "sparse_vd", "mc_dropout", "concrete_dropout"}
+    assert rows["nuts"]["w2_to_nuts"] == 0.0
+    # the targets have sd 0.77; even the short runs must do better than predicting the mean
+    assert rows["nuts"]["rmse"] < 0.3
+    assert all(0 <= r["coverage_90"] <= 1 and r["w2_to_nuts"] >= 0 for r in rows.values())
+    assert "NUTS (reference)" in stdout
+
+
+def test_compare_quick_on_a_uci_split(tmp_path, shared_data_dir):
+    if not os.path.isdir(os.path.join(shared_data_dir, "uci", "yacht")):
+        pytest.skip(f"UCI yacht not found under {shared_data_dir} (set PYROBNN_DATA)")
+    run([sys.executable, "-m", "pyrobnn.cli", "compare", "--quick", "--dataset", "yacht", "--data-dir", shared_data_dir,
+         "--splits", "0", "--methods", "meanfield", "--out", "cmp", "--quiet"], tmp_path)
+    results = json.load(open(tmp_path / "cmp" / "results.json"))
+    rows = {r["key"]: r for r in results["summary"]}
+    assert set(rows) == {"nuts", "meanfield"}
+    # yacht's residuary resistance has sd ~15 in original units
+    assert rows["nuts"]["rmse"] < 10
+    assert "Published" in open(tmp_path / "cmp" / "results.md").read()
+
+
+def test_compare_example(tmp_path):
+    stdout = run([sys.executable, os.path.join(ROOT, "examples", "compare_hmc_vi.py"), "--quick", "--out", "c.png"], tmp_path)
+    assert "NUTS convergence" in stdout and (tmp_path / "c.png").exists()
+    block = stdout[stdout.index("{\n"): stdout.rindex("}") + 1]
+    results = json.loads(block)
+    assert results["NUTS"]["rmse"] < 0.3 and results["NUTS"]["w2_to_nuts"] == 0.0

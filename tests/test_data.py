@@ -47,3 +47,75 @@ def test_generated_data_are_reproducible():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     x, _ = gap_regression(200)
     assert ((x.abs() >= 0.35) & (x.abs() <= 1)).all()  # nothing inside the gap
+
+
+# ------------------------------------------------------------------------------------- UCI
+from pyrobnn.data import uci, uci_num_splits  # noqa: E402
+
+UCI_SIZES = {  # rows in the standard splits (data README; Hernández-Lobato & Adams 2015)
+    "bostonHousing": (455, 51, 13, 20),
+    "concrete": (927, 103, 8, 20),
+    "energy": (691, 77, 8, 20),
+    "yacht": (277, 31, 6, 20),
+    "naval-propulsion-plant": (10741, 1193, 16, 20),
+    "protein-tertiary-structure": (41157, 4573, 9, 5),
+}
+
+
+@pytest.fixture
+def uci_root(shared_data_dir):
+    if not os.path.isdir(os.path.join(shared_data_dir, "uci")):
+        pytest.skip(f"UCI data not found under {shared_data_dir} (set PYROBNN_DATA to the folder holding uci/)")
+    return shared_data_dir
+
+
+@pytest.mark.parametrize("name", list(UCI_SIZES))
+def test_uci_split_sizes_and_standardization(uci_root, name):
+    import numpy as np
+
+    n_train, n_test, d, n_splits = UCI_SIZES[name]
+    assert uci_num_splits(name, uci_root) == n_splits
+    s = uci(name, 1, uci_root, dtype=torch.float64)
+    assert s.x_train.shape == (n_train, d) and s.x_test.shape == (n_test, d)
+    assert s.y_train.shape == (n_train, 1) and s.y_test.shape == (n_test, 1)
+    folder = os.path.join(uci_root, "uci", name)
+    data = np.loadtxt(os.path.join(folder, "data.txt"))
+    train = np.loadtxt(os.path.join(folder, "index_train_1.txt"), dtype=int)
+    test = np.loadtxt(os.path.join(folder, "index_test_1.txt"), dtype=int)
+    features = np.loadtxt(os.path.join(folder, "index_features.txt"), dtype=int)
+    target = int(np.loadtxt(os.path.join(folder, "index_target.txt")))
+    x_train = data[train][:, features]
+    mean, std = x_train.mean(0), x_train.std(0)
+    constant = np.ptp(x_train, 0) == 0
+    std[constant] = 1
+    assert np.allclose(s.x_test.numpy(), (data[test][:, features] - mean) / std)
+    assert np.allclose(s.y_test_original.numpy()[:, 0], data[test, target])
+    # the training split is standardized exactly; the test split with the training statistics
+    assert np.allclose(s.y_train.mean().item(), 0, atol=1e-10) and np.isclose(s.y_train.std(unbiased=False).item(), 1)
+    assert np.allclose(s.x_std.numpy()[constant], 1.0)
+    if name == "naval-propulsion-plant":
+        assert constant.sum() == 2
+
+
+def test_uci_bad_paths_and_malformed_files(tmp_path, uci_root):
+    with pytest.raises(FileNotFoundError, match="no UCI data set 'nope'.*available"):
+        uci("nope", 0, uci_root)
+    with pytest.raises(ValueError, match="splits 0 to 19"):
+        uci("yacht", 20, uci_root)
+    folder = tmp_path / "uci" / "broken"
+    folder.mkdir(parents=True)
+    (folder / "data.txt").write_text("1 2 3\n4 five 6\n")
+    for f, text in (("index_features.txt", "0\n1\n"), ("index_target.txt", "2\n"), ("index_train_0.txt", "0\n"), ("index_test_0.txt", "1\n")):
+        (folder / f).write_text(text)
+    with pytest.raises(ValueError, match="data.txt is malformed"):
+        uci("broken", 0, tmp_path)
+    (folder / "data.txt").write_text("1 2 3\n4 5 6\n")
+    (folder / "index_test_0.txt").write_text("7\n")
+    with pytest.raises(ValueError, match="test indices out of range"):
+        uci("broken", 0, tmp_path)
+    (folder / "index_test_0.txt").write_text("0\n")
+    with pytest.raises(ValueError, match="overlap"):
+        uci("broken", 0, tmp_path)
+    (folder / "index_train_0.txt").unlink()
+    with pytest.raises(ValueError, match="splits 0 to -1|missing"):
+        uci("broken", 0, tmp_path)

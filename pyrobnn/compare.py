@@ -1,0 +1,344 @@
+"""NUTS beside variational methods on small regression problems: ``pyrobnn compare``.
+
+Every method fits the same network (one hidden layer; 50 units, 100 for protein) with the same
+Gaussian likelihood, whose noise scale has a log-normal prior, so NUTS and the guides target
+the same kind of model; each method has the prior its family is defined with (Normal(0, 1)
+weights for NUTS, the mean-field and the dropout methods; Blundell's scale mixture; the
+log-uniform prior of variational dropout). On every split each method is scored on the test
+set in the original units of the target:
+
+- RMSE of the predictive mean; test log-likelihood, the log of the mean predictive density
+  over posterior samples (Hernández-Lobato & Adams 2015); coverage of the central 90%
+  predictive interval; CRPS;
+- ``w2_to_nuts``: the 2-Wasserstein distance between the method's predictive marginal and
+  NUTS's at each test point (from 20 quantiles of each Gaussian-mixture predictive), averaged
+  over the points: how far the method is from the reference posterior;
+- wall time of the fit (NUTS: the sampler, warm-up included).
+
+Results are mean and standard error over splits, beside the published figures of
+``REFERENCES.md`` for the UCI sets.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pyro
+import pyro.distributions as dist
+import torch
+from tqdm.auto import tqdm
+
+import pyrobnn
+from pyrobnn import metrics
+from pyrobnn.data import gap_regression, uci, uci_num_splits
+from pyrobnn.infer.hmc import nuts
+
+__all__ = ["METHODS", "PUBLISHED", "run_compare", "format_markdown"]
+
+#: Gal & Ghahramani 2016, Table 1 (VI, PBP and MC dropout columns) and the corrected grid-search
+#: results of yaringal/DropoutUncertaintyExps: mean and standard error over the 20 splits
+PUBLISHED = {
+    "bostonHousing": {"rmse": {"VI": (4.32, 0.29), "PBP": (3.01, 0.18), "MC dropout": (2.97, 0.19), "MC dropout (grid)": (2.90, 0.18)},
+                      "log_likelihood": {"VI": (-2.90, 0.07), "PBP": (-2.57, 0.09), "MC dropout": (-2.46, 0.06), "MC dropout (grid)": (-2.40, 0.04)}},
+    "concrete": {"rmse": {"VI": (7.19, 0.12), "PBP": (5.67, 0.09), "MC dropout": (5.23, 0.12), "MC dropout (grid)": (4.82, 0.16)},
+                 "log_likelihood": {"VI": (-3.39, 0.02), "PBP": (-3.16, 0.02), "MC dropout": (-3.04, 0.02), "MC dropout (grid)": (-2.93, 0.02)}},
+    "energy": {"rmse": {"VI": (2.65, 0.08), "PBP": (1.80, 0.05), "MC dropout": (1.66, 0.04), "MC dropout (grid)": (0.54, 0.06)},
+               "log_likelihood": {"VI": (-2.39, 0.03), "PBP": (-2.04, 0.02), "MC dropout": (-1.99, 0.02), "MC dropout (grid)": (-1.21, 0.01)}},
+    "naval-propulsion-plant": {"rmse": {"VI": (0.01, 0.00), "PBP": (0.01, 0.00), "MC dropout": (0.01, 0.00), "MC dropout (grid)": (0.00, 0.00)},
+                               "log_likelihood": {"VI": (3.73, 0.12), "PBP": (3.73, 0.01), "MC dropout": (3.80, 0.01), "MC dropout (grid)": (4.45, 0.00)}},
+    "protein-tertiary-structure": {"rmse": {"VI": (4.84, 0.03), "PBP": (4.73, 0.01), "MC dropout": (4.36, 0.01), "MC dropout (grid)": (4.27, 0.02)},
+                                   "log_likelihood": {"VI": (-2.99, 0.01), "PBP": (-2.97, 0.00), "MC dropout": (-2.89, 0.00), "MC dropout (grid)": (-2.87, 0.00)}},
+    "yacht": {"rmse": {"VI": (6.89, 0.67), "PBP": (1.02, 0.05), "MC dropout": (1.11, 0.09), "MC dropout (grid)": (0.67, 0.05)},
+              "log_likelihood": {"VI": (-3.43, 0.16), "PBP": (-1.63, 0.02), "MC dropout": (-1.55, 0.03), "MC dropout (grid)": (-1.25, 0.01)}},
+}
+
+
+@dataclass
+class Method:
+    key: str
+    label: str
+    prior: Callable
+    guide: Optional[Callable]  # None: NUTS
+    elbo: str = "meanfield"
+    estimator: Optional[str] = "local"
+
+
+METHODS = {
+    m.key: m
+    for m in (
+        Method("nuts", "NUTS (reference)", lambda: pyrobnn.NormalPrior(1.0), None),
+        Method("meanfield", "mean-field, Gaussian prior", lambda: pyrobnn.NormalPrior(1.0), lambda m: pyrobnn.MeanFieldNormal(m)),
+        Method("meanfield_mixture", "mean-field, scale-mixture prior", lambda: pyrobnn.ScaleMixturePrior(0.5, 1.0, math.exp(-6)), lambda m: pyrobnn.MeanFieldNormal(m), elbo="trace"),
+        Method("variational_dropout", "variational dropout", lambda: pyrobnn.LogUniformPrior(), lambda m: pyrobnn.VariationalDropout(m, log_alpha_range=(-8.0, 0.0))),
+        Method("sparse_vd", "sparse VD, log-uniform prior", lambda: pyrobnn.LogUniformPrior(), lambda m: pyrobnn.SparseVariationalDropout(m)),
+        Method("mc_dropout", "MC dropout", lambda: pyrobnn.NormalPrior(1.0), lambda m: pyrobnn.MCDropout(m, p=0.05)),
+        Method("concrete_dropout", "concrete dropout", lambda: pyrobnn.NormalPrior(1.0), lambda m: pyrobnn.ConcreteDropout(m)),
+    )
+}
+
+
+def _noise_prior():
+    # log-normal on the noise scale in standardized units: median 0.25, covering 0.03-2
+    return dist.LogNormal(math.log(0.25), 1.0)
+
+
+def _model(method, in_features, hidden, activation):
+    net = pyrobnn.MLP(in_features, 1, hidden=(hidden,), activation=activation)
+    return pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=_noise_prior()), method.prior())
+
+
+@dataclass
+class Settings:
+    """Effort per method; :func:`settings` gives the defaults and the ``--quick`` ones."""
+
+    epochs: int
+    batch_size: Optional[int]
+    lr: float
+    num_predictive: int
+    chains: int
+    warmup: int
+    samples: int
+    max_tree_depth: int
+
+
+def settings(dataset: str, quick: bool) -> Settings:
+    if quick:
+        return Settings(epochs=150, batch_size=None, lr=1e-2, num_predictive=100, chains=2, warmup=60, samples=60, max_tree_depth=5)
+    if dataset == "toy":
+        return Settings(epochs=3000, batch_size=None, lr=1e-2, num_predictive=500, chains=8, warmup=300, samples=300, max_tree_depth=10)
+    return Settings(epochs=400, batch_size=32, lr=1e-2, num_predictive=500, chains=4, warmup=200, samples=200, max_tree_depth=8)
+
+
+def _w2_to_reference(pred, ref, levels: int = 20) -> float:
+    """Mean over points of the 2-Wasserstein distance between two 1-D predictives, from their
+    quantiles at ``levels`` equally spaced probabilities."""
+    total = 0.0
+    for k in range(levels):
+        q = (k + 0.5) / levels
+        a = metrics.gaussian_mixture_quantile(pred.loc_samples, pred.scale_samples, q, iterations=40)
+        b = metrics.gaussian_mixture_quantile(ref.loc_samples, ref.scale_samples, q, iterations=40)
+        total = total + (a - b) ** 2
+    return torch.sqrt(total / levels).mean().item()
+
+
+def _score(pred, y, seconds):
+    return {
+        "rmse": pred.rmse(y),
+        "log_likelihood": pred.log_likelihood(y),
+        "coverage_90": pred.coverage(y, 0.9),
+        "crps": pred.crps(y),
+        "seconds": seconds,
+    }
+
+
+def _calibration(pred, y, levels):
+    return [pred.coverage(y, level) for level in levels]
+
+
+CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
+
+
+def _fit_method(method, split, s, seed, progress, x_grid=None):
+    """Fit one method on one split; returns (prediction on test, prediction on grid, seconds,
+    extra diagnostics)."""
+    in_features = split["x_train"].shape[1]
+    pyro.set_rng_seed(seed)
+    model = _model(method, in_features, split["hidden"], split["activation"])
+    extra = {}
+    start = time.perf_counter()
+    if method.guide is None:
+        result = nuts(
+            model, split["x_train"], split["y_train"], num_samples=s.samples, num_warmup=s.warmup,
+            num_chains=s.chains, max_tree_depth=s.max_tree_depth, seed=seed, progress=progress,
+        )
+        seconds = time.perf_counter() - start
+        posterior = result
+        extra["result"] = result
+        extra["model"] = model
+        num = None
+    else:
+        guide = method.guide(model)
+        pyrobnn.fit(
+            model, guide, split["x_train"], split["y_train"], epochs=s.epochs, batch_size=s.batch_size, lr=s.lr,
+            elbo=method.elbo, estimator=method.estimator, progress=progress, seed=seed,
+        )
+        seconds = time.perf_counter() - start
+        posterior = guide
+        num = s.num_predictive
+    test = pyrobnn.predict(model, posterior, split["x_test"], num, seed=seed).rescale(split["y_mean"], split["y_std"])
+    grid = None
+    if x_grid is not None:
+        grid = pyrobnn.predict(model, posterior, x_grid, num, seed=seed).rescale(split["y_mean"], split["y_std"])
+    return test, grid, seconds, extra
+
+
+def _splits(dataset, data_dir, splits, quick, seed):
+    if dataset == "toy":
+        x, y = gap_regression(n=100, noise=0.1, seed=seed)
+        x_test, y_test = gap_regression(n=200, noise=0.1, seed=seed + 1)
+        yield {
+            "split": 0, "x_train": x, "y_train": y, "x_test": x_test, "y_test": y_test,
+            "y_mean": torch.tensor(0.0), "y_std": torch.tensor(1.0), "hidden": 50, "activation": "tanh",
+        }
+        return
+    n = uci_num_splits(dataset, data_dir)
+    for i in splits if splits is not None else range(n):
+        s = uci(dataset, i, data_dir)
+        yield {
+            "split": i, "x_train": s.x_train, "y_train": s.y_train, "x_test": s.x_test, "y_test": s.y_test,
+            "y_mean": s.y_mean, "y_std": s.y_std, "hidden": s.meta.get("n_hidden", 50), "activation": "relu",
+        }
+
+
+def run_compare(
+    dataset: str = "toy",
+    out_dir: str = "pyrobnn-compare",
+    data_dir=None,
+    splits=None,
+    methods=None,
+    quick: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+):
+    """Run the comparison, write ``results.md``, ``results.csv``, ``results.json``, the plots
+    and NUTS's diagnostics into ``out_dir``; return the summary rows."""
+    from pyrobnn import diagnostics
+
+    os.makedirs(out_dir, exist_ok=True)
+    keys = list(methods) if methods else list(METHODS)
+    if "nuts" not in keys:
+        keys = ["nuts"] + keys
+    unknown = [k for k in keys if k not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    s = settings(dataset, quick)
+    per_split = {k: [] for k in keys}
+    calibration = {k: [] for k in keys}
+    grid_preds = {}
+    toy = dataset == "toy"
+    x_grid = torch.linspace(-1.6, 1.6, 300).unsqueeze(-1) if toy else None
+    split_list = list(_splits(dataset, data_dir, splits, quick, seed))
+    bar = tqdm(total=len(split_list) * len(keys), disable=not progress, desc=f"compare {dataset}", unit="fit", position=0)
+    diagnostics_rows = []
+    try:
+        for split in split_list:
+            preds = {}
+            for key in keys:
+                bar.set_postfix({"split": split["split"], "method": key}, refresh=True)
+                test, grid, seconds, extra = _fit_method(METHODS[key], split, s, seed + split["split"], progress=False, x_grid=x_grid)
+                preds[key] = test
+                y_orig = split["y_test"] * split["y_std"] + split["y_mean"]
+                row = _score(test, y_orig, seconds)
+                calibration[key].append(_calibration(test, y_orig, CALIBRATION_LEVELS))
+                if key == "nuts":
+                    idata = diagnostics.inference_data(extra["model"], extra["result"], split["x_test"], split["y_test"])
+                    summary = diagnostics.convergence_summary(idata)
+                    summary["split"] = split["split"]
+                    diagnostics_rows.append(summary)
+                    row.update({k: v for k, v in summary.items() if k != "split"})
+                    if split is split_list[0]:
+                        diagnostics.plot_diagnostics(idata, out_dir, prefix="nuts")
+                        diagnostics.save_netcdf(idata, os.path.join(out_dir, "nuts.nc"))
+                if grid is not None:
+                    grid_preds[key] = grid
+                per_split[key].append(row)
+                bar.update(1)
+            for key in keys:
+                per_split[key][-1]["w2_to_nuts"] = 0.0 if key == "nuts" else _w2_to_reference(preds[key], preds["nuts"])
+    finally:
+        bar.close()
+
+    rows = []
+    for key in keys:
+        summary = {"method": METHODS[key].label, "key": key, "splits": len(per_split[key])}
+        for metric in ("rmse", "log_likelihood", "coverage_90", "crps", "w2_to_nuts", "seconds"):
+            values = torch.tensor([r[metric] for r in per_split[key]], dtype=torch.float64)
+            summary[metric] = values.mean().item()
+            summary[f"{metric}_se"] = (values.std() / math.sqrt(len(values))).item() if len(values) > 1 else 0.0
+        rows.append(summary)
+    _write_outputs(out_dir, dataset, rows, per_split, calibration, diagnostics_rows, s, quick)
+    _plot_calibration(out_dir, keys, calibration)
+    if toy and grid_preds:
+        _plot_toy(out_dir, keys, grid_preds, split_list[0], x_grid)
+    return rows
+
+
+def format_markdown(dataset, rows, quick=False) -> str:
+    def pm(r, k, digits=3):
+        return f"{r[k]:.{digits}f} ± {r[k + '_se']:.{digits}f}" if r["splits"] > 1 else f"{r[k]:.{digits}f}"
+
+    lines = [
+        f"# pyrobnn compare: {dataset}" + (" (quick)" if quick else ""),
+        "",
+        "| method | splits | test RMSE | test log-lik | 90% coverage | CRPS | W2 to NUTS | fit time (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['splits']} | {pm(r, 'rmse')} | {pm(r, 'log_likelihood')} | {pm(r, 'coverage_90')} | "
+            f"{pm(r, 'crps')} | {pm(r, 'w2_to_nuts')} | {pm(r, 'seconds', 1)} |"
+        )
+    if dataset in PUBLISHED:
+        lines += ["", "Published (Gal & Ghahramani 2016, Table 1; grid: DropoutUncertaintyExps README), mean ± SE over 20 splits:", ""]
+        lines += ["| method | test RMSE | test log-lik |", "|---|---|---|"]
+        pub = PUBLISHED[dataset]
+        for name in pub["rmse"]:
+            lines.append(f"| {name} | {pub['rmse'][name][0]:.2f} ± {pub['rmse'][name][1]:.2f} | {pub['log_likelihood'][name][0]:.2f} ± {pub['log_likelihood'][name][1]:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_outputs(out_dir, dataset, rows, per_split, calibration, diagnostics_rows, s, quick):
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(format_markdown(dataset, rows, quick))
+        if diagnostics_rows:
+            f.write("\nNUTS convergence (per split): " + json.dumps(diagnostics_rows) + "\n")
+        f.write(f"\nSettings: {s}\n")
+    fields = ["method", "key", "splits"] + [f"{m}{suf}" for m in ("rmse", "log_likelihood", "coverage_90", "crps", "w2_to_nuts", "seconds") for suf in ("", "_se")]
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: r[k] for k in fields})
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"dataset": dataset, "summary": rows, "per_split": per_split, "nuts_diagnostics": diagnostics_rows, "settings": s.__dict__}, f, indent=2)
+
+
+def _plot_calibration(out_dir, keys, calibration):
+    import matplotlib.pyplot as plt
+
+    from pyrobnn.plotting import save_figure
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], color="0.5", lw=1, ls="--", label="ideal")
+    for key in keys:
+        observed = torch.tensor(calibration[key], dtype=torch.float64).mean(0)
+        ax.plot(CALIBRATION_LEVELS, observed.tolist(), marker="o", ms=3, label=METHODS[key].label)
+    ax.set_xlabel("nominal coverage of the central interval")
+    ax.set_ylabel("observed coverage on the test set")
+    ax.legend(fontsize=7)
+    save_figure(fig, os.path.join(out_dir, "calibration.png"))
+
+
+def _plot_toy(out_dir, keys, grid_preds, split, x_grid):
+    import matplotlib.pyplot as plt
+
+    from pyrobnn.plotting import plot_regression_1d, save_figure
+
+    cols = 4
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), sharex=True, sharey=True, squeeze=False)
+    nuts_mean = grid_preds["nuts"].mean.reshape(-1)
+    for ax, key in zip(axes.ravel(), keys):
+        plot_regression_1d(ax, x_grid, grid_preds[key], split["x_train"], split["y_train"], title=METHODS[key].label)
+        if key != "nuts":
+            ax.plot(x_grid.reshape(-1), nuts_mean, color="C3", lw=1, ls="--", label="NUTS mean")
+    for ax in axes.ravel()[len(keys):]:
+        ax.axis("off")
+    axes[0, 0].legend(fontsize=6, loc="upper left")
+    save_figure(fig, os.path.join(out_dir, "predictive_bands.png"))

@@ -1,0 +1,168 @@
+"""ArviZ diagnostics for MCMC and SVI posteriors of a BayesianModel.
+
+Weights of a neural network are not identifiable (hidden units can be permuted, signs
+flipped), so R-hat and ESS on weights can look bad while the posterior over *functions* has
+mixed; the summaries here report them on predictions (the network's output at given points)
+as well as on the weights.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import torch
+from pyro.infer import Predictive
+
+__all__ = ["inference_data", "svi_inference_data", "convergence_summary", "plot_diagnostics", "save_netcdf"]
+
+
+def _az():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import arviz as az
+    return az
+
+
+@torch.no_grad()
+def _predictive_arrays(model, flat_samples, x, y, chains, draws):
+    """Network outputs, simulated targets and per-point log-likelihoods for every draw."""
+    latent_names = list(model.likelihood.latent_sites())
+    was = model.training
+    model.eval()
+    try:
+        out = Predictive(model, posterior_samples=flat_samples, parallel=True, return_sites=["_RETURN", "obs", *latent_names])(x)
+    finally:
+        model.train(was)
+    f = out["_RETURN"]
+    latents = {k: out[k].reshape(-1, 1) for k in latent_names}
+    dist = model.likelihood.distribution(f, **latents)
+    arrays = {"f": f, "obs": out["obs"]}
+    if y is not None:
+        y_checked = model.likelihood.check_targets(y.to(f.device), f.shape[-2:])
+        arrays["log_lik"] = dist.log_prob(y_checked)
+    return {k: v.reshape((chains, draws) + v.shape[1:]).cpu().double().numpy() for k, v in arrays.items()}
+
+
+def inference_data(model, posterior, x, y=None, observed=True):
+    """An ``arviz.InferenceData`` for posterior samples of ``model`` (an
+    :class:`~pyrobnn.infer.hmc.MCMCResult`, or a dict ``{site: (chains, draws, *shape)}``):
+
+    - ``posterior``: every latent site, and ``f``, the network's output at ``x``;
+    - ``posterior_predictive``: ``obs``, targets simulated at ``x``;
+    - ``log_likelihood``: ``obs``, the log-likelihood of each point of ``y`` (for ``az.loo``);
+    - ``observed_data``: ``obs`` = ``y``.
+    """
+    az = _az()
+    samples = posterior.samples if hasattr(posterior, "samples") else posterior
+    chains, draws = next(iter(samples.values())).shape[:2]
+    flat = {k: v.reshape((chains * draws,) + v.shape[2:]) for k, v in samples.items()}
+    arrays = _predictive_arrays(model, flat, x, y, chains, draws)
+    post = {k.replace(".", "_"): v.double().cpu().numpy() for k, v in samples.items()}
+    post["f"] = arrays["f"]
+    groups = {
+        "posterior": post,
+        "posterior_predictive": {"obs": _squeeze_output(arrays["obs"])},
+    }
+    if y is not None:
+        groups["log_likelihood"] = {"obs": arrays["log_lik"]}
+        if observed:
+            groups["observed_data"] = {"obs": _squeeze_output(y.double().cpu().numpy()[None, None])[0, 0]}
+    stats = getattr(posterior, "stats", None) or {}
+    sample_stats = {}
+    if "diverging" in stats:
+        sample_stats["diverging"] = stats["diverging"].cpu().numpy()
+    if "tree_depth" in stats:
+        sample_stats["tree_depth"] = stats["tree_depth"].cpu().numpy()
+    if "accept_prob" in stats:
+        sample_stats["acceptance_rate"] = stats["accept_prob"].cpu().double().numpy()
+    if sample_stats:
+        groups["sample_stats"] = sample_stats
+    return az.from_dict(**groups)
+
+
+def _squeeze_output(a):
+    # (chains, draws, N, 1) -> (chains, draws, N) for one-dimensional targets
+    return a[..., 0] if a.ndim >= 4 and a.shape[-1] == 1 else a
+
+
+@torch.no_grad()
+def svi_inference_data(model, guide, x, y=None, num_samples: int = 1000):
+    """``inference_data`` for draws from a guide (one chain of ``num_samples`` draws)."""
+    sites = [s.name for s in model.sites] + list(model.likelihood.latent_sites())
+    draws = Predictive(guide, num_samples=num_samples, parallel=True)(x, y)
+    samples = {k: draws[k].unsqueeze(0) for k in sites}
+    return inference_data(model, samples, x, y)
+
+
+def convergence_summary(idata) -> dict:
+    """Worst R-hat (``None`` for a single chain) and smallest bulk ESS over the predictions
+    ``f`` and over the weights."""
+    az = _az()
+    posterior = idata.posterior
+    weights = [v for v in posterior.data_vars if v != "f"]
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for label, names in (("predictions", ["f"]), ("weights", weights)):
+            if posterior.sizes["chain"] > 1:  # R-hat compares chains
+                rhat = az.rhat(posterior[names])
+                out[f"max_rhat_{label}"] = float(max(np.nanmax(rhat[v].values) for v in names))
+            else:
+                out[f"max_rhat_{label}"] = None
+            ess = az.ess(posterior[names], method="bulk")
+            out[f"min_ess_{label}"] = float(min(np.nanmin(ess[v].values) for v in names))
+    if "sample_stats" in idata.groups() and "diverging" in idata.sample_stats:
+        out["divergences"] = int(idata.sample_stats["diverging"].values.sum())
+    return out
+
+
+def plot_diagnostics(idata, out_dir: str, prefix: str = "nuts", num_points: int = 4) -> list:
+    """Trace and rank plots of the predictions at a few points and of a few weights, and a
+    posterior predictive check, as PNG files; returns their paths."""
+    az = _az()
+    import matplotlib.pyplot as plt
+
+    from pyrobnn.plotting import save_figure
+
+    os.makedirs(out_dir, exist_ok=True)
+    n = idata.posterior["f"].shape[2]
+    points = sorted(set(np.linspace(0, n - 1, min(num_points, n)).astype(int).tolist()))
+    f_sel = {"f_dim_0": points}
+    if "f_dim_1" in idata.posterior["f"].dims:
+        f_sel["f_dim_1"] = [0]
+    weight = next(v for v in idata.posterior.data_vars if v != "f")
+    paths = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for kind, plot in (("trace", az.plot_trace), ("rank", az.plot_rank)):
+            axes = plot(idata, var_names=["f"], coords=f_sel)
+            path = os.path.join(out_dir, f"{prefix}_{kind}_predictions.png")
+            save_figure(np.asarray(axes).ravel()[0].figure, path)
+            paths.append(path)
+        coords = {d: [0] for d in idata.posterior[weight].dims[2:]}
+        axes = az.plot_trace(idata, var_names=[weight], coords=coords)
+        path = os.path.join(out_dir, f"{prefix}_trace_weight.png")
+        save_figure(np.asarray(axes).ravel()[0].figure, path)
+        paths.append(path)
+        if "observed_data" in idata.groups():
+            ax = az.plot_ppc(idata, num_pp_samples=50)
+            path = os.path.join(out_dir, f"{prefix}_ppc.png")
+            save_figure(np.asarray(ax).ravel()[0].figure, path)
+            paths.append(path)
+    plt.close("all")
+    return paths
+
+
+def save_netcdf(idata, path: str) -> None:
+    """Write ``idata`` to netCDF through a temporary file and a rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+    try:
+        idata.to_netcdf(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

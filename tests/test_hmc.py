@@ -1,0 +1,115 @@
+"""NUTS: the exact conjugate posterior, and the fast path against pyro.infer.MCMC."""
+
+import math
+
+import arviz as az
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import Predictive
+from pyro.infer.mcmc.util import initialize_model
+
+import pyrobnn
+from pyrobnn.infer.hmc import nuts, pyro_nuts
+from pyrobnn.infer.potential import FlatPotential
+from test_conjugate import bayesian_linear_model, conjugate_problem
+
+
+def ess(samples):
+    """Bulk ESS per coordinate of (chains, draws, ...) samples."""
+    a = samples.detach().double().reshape(samples.shape[0], samples.shape[1], -1).numpy()
+    return np.array([az.ess(a[..., i]) for i in range(a.shape[-1])])
+
+
+def check_exact_posterior(samples, mean, cov):
+    """Mean and covariance within 5 Monte Carlo standard errors, from the effective sample size."""
+    w = samples.reshape(-1, samples.shape[-1]).double()
+    n_eff = torch.tensor(ess(samples), dtype=torch.float64)
+    sd = cov.diag().sqrt()
+    assert torch.all((w.mean(0) - mean).abs() < 5 * sd / n_eff.sqrt()), ((w.mean(0) - mean) / (sd / n_eff.sqrt()))
+    sample_cov = torch.cov(w.T)
+    # SE of a covariance entry: sqrt((s_ii s_jj + s_ij^2) / n_eff) for Gaussian draws
+    se = ((cov.diag().unsqueeze(0) * cov.diag().unsqueeze(1) + cov**2) / n_eff.min()).sqrt()
+    assert torch.all((sample_cov - cov).abs() < 5 * se), ((sample_cov - cov) / se)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_fast_nuts_reaches_the_exact_conjugate_posterior(compile):
+    X, y, mean, precision = conjugate_problem()
+    result = nuts(bayesian_linear_model(), X, y, num_samples=800, num_warmup=400, num_chains=4, compile=compile, progress=False)
+    assert result.samples["weight"].shape == (4, 800, 1, 3)
+    assert result.num_divergences == 0
+    check_exact_posterior(result.samples["weight"].reshape(4, 800, 3), mean, torch.linalg.inv(precision))
+
+
+def test_pyro_nuts_reaches_the_exact_conjugate_posterior():
+    X, y, mean, precision = conjugate_problem(seed=4)
+    result = pyro_nuts(bayesian_linear_model(), X, y, num_samples=400, num_warmup=300, num_chains=2, progress=False)
+    check_exact_posterior(result.samples["weight"].reshape(2, 400, 3), mean, torch.linalg.inv(precision))
+
+
+def small_bnn(noise_prior=False):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(20, 1, generator=g, dtype=torch.float64) * 4 - 2
+    y = torch.sin(x) + 0.2 * torch.randn(20, 1, generator=g, dtype=torch.float64)
+    scale = dist.LogNormal(math.log(0.2), 0.5) if noise_prior else 0.2
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,), activation="tanh").double(), pyrobnn.GaussianLikelihood(scale=scale), pyrobnn.NormalPrior(1.0))
+    return model.double(), x, y
+
+
+def test_flat_potential_equals_pyros_potential():
+    """The fast path's potential (including the noise site's log-Jacobian) is Pyro's own
+    potential_fn on the same unconstrained values."""
+    model, x, y = small_bnn(noise_prior=True)
+    model.eval()
+    flat = FlatPotential(model, x, y)
+    _, potential_fn, _, _ = initialize_model(model, model_args=(x, y))
+    z = flat.initial(3, generator=torch.Generator().manual_seed(1))
+    energies = flat(z)
+    for c in range(3):
+        params = {}
+        for name, start, stop, shape in flat.blocks:
+            params[name] = z[c, start:stop].reshape(shape)
+        assert energies[c].item() == pytest.approx(potential_fn(params).item(), rel=1e-10)
+
+
+def test_fast_path_and_pyro_mcmc_agree_on_a_small_bnn():
+    """Both samplers with trees capped at depth 5 (a valid MCMC kernel; at the default depth 10
+    Pyro's NUTS takes a quarter of an hour on this posterior, whose trajectories never turn
+    within 1023 steps). Tolerances come from each run's effective sample sizes."""
+    model, x, y = small_bnn(noise_prior=True)
+    grid = torch.linspace(-2.5, 2.5, 6, dtype=torch.float64).unsqueeze(-1)
+    fast = nuts(model, x, y, num_samples=500, num_warmup=300, num_chains=4, max_tree_depth=5, progress=False)
+    ref = pyro_nuts(model, x, y, num_samples=150, num_warmup=150, num_chains=2, max_tree_depth=5, progress=False)
+    f = {}
+    for name, result in (("fast", fast), ("pyro", ref)):
+        model.eval()
+        out = Predictive(model, posterior_samples=result.flat_samples(), return_sites=["_RETURN"])(grid)["_RETURN"]
+        f[name] = out.reshape(result.num_chains, result.num_draws, -1)
+    for name in f:  # both samplers mixed on the function values
+        rhat = np.array([az.rhat(f[name][..., i].numpy()) for i in range(grid.shape[0])])
+        assert rhat.max() < 1.1, (name, rhat)
+    n_fast, n_ref = ess(f["fast"]), ess(f["pyro"])
+    flat_f = {k: v.reshape(-1, v.shape[-1]) for k, v in f.items()}
+    mean_diff = (flat_f["fast"].mean(0) - flat_f["pyro"].mean(0)).abs()
+    sd_fast, sd_ref = flat_f["fast"].std(0), flat_f["pyro"].std(0)
+    se_mean = torch.sqrt(sd_fast**2 / torch.tensor(n_fast) + sd_ref**2 / torch.tensor(n_ref))
+    assert torch.all(mean_diff < 5 * se_mean), mean_diff / se_mean
+    # SE of a standard deviation: sd / sqrt(2 n_eff)
+    se_sd = torch.sqrt(sd_fast**2 / (2 * torch.tensor(n_fast)) + sd_ref**2 / (2 * torch.tensor(n_ref)))
+    assert torch.all((sd_fast - sd_ref).abs() < 5 * se_sd), (sd_fast - sd_ref) / se_sd
+    noise = {k: r.samples["noise_scale"].reshape(-1) for k, r in (("fast", fast), ("pyro", ref))}
+    assert noise["fast"].mean().item() == pytest.approx(noise["pyro"].mean().item(), rel=0.1)
+
+
+def test_samples_feed_predictive_and_predict():
+    model, x, y = small_bnn()
+    result = nuts(model, x, y, num_samples=50, num_warmup=50, num_chains=2, progress=False)
+    pred = pyrobnn.predict(model, result, x, num_samples=None)
+    assert pred.loc_samples.shape == (100, 20, 1)
+    assert pred.rmse(y) < 0.35  # the noise is 0.2 and sd(y) is 0.7
+    with pytest.raises(ValueError, match="fixed noise scale or a prior"):
+        nuts(pyrobnn.BayesianModel(pyrobnn.MLP(1, 1), pyrobnn.GaussianLikelihood(scale="learned")), x.float(), y.float(), progress=False)
