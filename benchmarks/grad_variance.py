@@ -115,6 +115,7 @@ def main(argv=None):
         rows[target] = gradient_variance(model, guide, x, y, draws, 100, generator)
         acc = pyrobnn.predict(model, guide, x[:2000], method="mean").accuracy(y[:2000])
         print(f"epoch {target}: training accuracy (posterior mean, 2000 images) {acc:.4f}, {time.perf_counter() - start:.0f} s", flush=True)
+        print(json.dumps({"epoch": target, "variances": rows[target]}), flush=True)  # kept if a later epoch is cut off
 
     first, last = epochs[0], epochs[-1]
     local = rows[first]["local reparameterization"], rows[last]["local reparameterization"]

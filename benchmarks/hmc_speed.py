@@ -1,0 +1,147 @@
+"""NUTS speed on a 1-50-1 tanh BNN: effective samples per second of pyrobnn's fast path,
+Pyro's NUTS and NumPyro's NUTS.
+
+    python benchmarks/hmc_speed.py            # about 10 minutes (Pyro's NUTS is most of it)
+    python benchmarks/hmc_speed.py --quick    # a minute
+
+Model: y = f(x) + N(0, 0.1^2), f a 1-50-1 tanh network with N(0, 1) weights, on 100
+standardized points of Blundell et al.'s curve; 300 warm-up and 300 sampling iterations per
+chain, maximum tree depth 10, target acceptance 0.8 in all three. Each sampler runs at its best
+settings here: Pyro with ``jit_compile=True`` (one chain; chains are separate processes in
+Pyro), NumPyro with one chain per CPU core (``chain_method="parallel"``), pyrobnn with many
+chains in one batched, compiled computation.
+
+Figure of merit: the minimum bulk ESS (ArviZ) over the network's predictions at 20 points of
+a grid, divided by the wall time of the whole run (warm-up and compilation included, since a
+user waits for them too); sampling-only time is printed as well. The last line is one JSON
+object including ``ess_per_s_vs_numpyro`` (pyrobnn / NumPyro).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import warnings
+
+import numpy as np
+import pyro
+import torch
+
+import pyrobnn
+from pyrobnn.data import blundell_regression
+from pyrobnn.infer.hmc import nuts, pyro_nuts
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import arviz as az
+
+
+def data():
+    x, y = blundell_regression(100, seed=0)
+    return (x - x.mean()) / x.std(), (y - y.mean()) / y.std()
+
+
+def model():
+    return pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(50,), activation="tanh"), pyrobnn.GaussianLikelihood(scale=0.1), pyrobnn.NormalPrior(1.0))
+
+
+GRID = torch.linspace(-2.0, 2.0, 20).unsqueeze(-1)
+
+
+def min_ess(f):
+    """f: (chains, draws, points)."""
+    return float(min(az.ess(np.ascontiguousarray(f[..., i])) for i in range(f.shape[-1])))
+
+
+def torch_predictions(m, result):
+    m.eval()
+    out = pyro.infer.Predictive(m, posterior_samples=result.flat_samples(), return_sites=["_RETURN"])(GRID)["_RETURN"]
+    return out.reshape(result.num_chains, result.num_draws, -1).double().numpy()
+
+
+def run_pyrobnn(warmup, samples, chains):
+    x, y = data()
+    m = model()
+    start = time.perf_counter()
+    result = nuts(m, x, y, num_samples=samples, num_warmup=warmup, num_chains=chains, seed=0, progress=False)
+    total = time.perf_counter() - start
+    return {"wall_s": total, "sampling_s": result.seconds, "min_ess": min_ess(torch_predictions(m, result)), "chains": chains,
+            "mean_tree_depth": result.stats["tree_depth"].double().mean().item(), "divergences": result.num_divergences}
+
+
+def run_pyro(warmup, samples):
+    x, y = data()
+    m = model()
+    start = time.perf_counter()
+    result = pyro_nuts(m, x, y, num_samples=samples, num_warmup=warmup, num_chains=1, seed=0, jit_compile=True, progress=False)
+    total = time.perf_counter() - start
+    return {"wall_s": total, "sampling_s": result.seconds, "min_ess": min_ess(torch_predictions(m, result)), "chains": 1}
+
+
+def run_numpyro(warmup, samples, chains):
+    try:
+        os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={chains}")
+        import jax
+        import jax.numpy as jnp
+        import numpyro
+        import numpyro.distributions as nd
+        from numpyro.infer import MCMC, NUTS
+    except ImportError:
+        return None
+    x, y = data()
+    X, Y = jnp.array(x.numpy()), jnp.array(y.numpy())
+
+    def np_model(X, Y=None):
+        w1 = numpyro.sample("w1", nd.Normal(0, 1).expand([1, 50]).to_event(2))
+        b1 = numpyro.sample("b1", nd.Normal(0, 1).expand([50]).to_event(1))
+        w2 = numpyro.sample("w2", nd.Normal(0, 1).expand([50, 1]).to_event(2))
+        b2 = numpyro.sample("b2", nd.Normal(0, 1).expand([1]).to_event(1))
+        f = jnp.tanh(X @ w1 + b1) @ w2 + b2
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("obs", nd.Normal(f, 0.1).to_event(1), obs=Y)
+
+    mcmc = MCMC(NUTS(np_model, max_tree_depth=10, target_accept_prob=0.8), num_warmup=warmup, num_samples=samples,
+                num_chains=chains, chain_method="parallel" if chains > 1 else "sequential", progress_bar=False)
+    start = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(0), X, Y)
+    s = mcmc.get_samples(group_by_chain=True)
+    s["w1"].block_until_ready()
+    total = time.perf_counter() - start
+    g = GRID.numpy()
+    w1, b1, w2, b2 = (np.asarray(s[k], dtype=np.float64) for k in ("w1", "b1", "w2", "b2"))
+    hidden = np.tanh(np.einsum("gi,cdih->cdgh", g, w1) + b1[:, :, None, :])
+    f = np.einsum("cdgh,cdho->cdgo", hidden, w2)[..., 0] + b2
+    return {"wall_s": total, "sampling_s": total, "min_ess": min_ess(f), "chains": chains}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--chains", type=int, default=16, help="pyrobnn's batched chains")
+    parser.add_argument("--skip-pyro", action="store_true", help="leave out Pyro's NUTS (the slow one)")
+    args = parser.parse_args(argv)
+    warmup, samples = (50, 50) if args.quick else (300, 300)
+    rows = {"pyrobnn": run_pyrobnn(warmup, samples, args.chains)}
+    numpyro_row = run_numpyro(warmup, samples, chains=os.cpu_count() or 1)
+    if numpyro_row is not None:
+        rows["numpyro"] = numpyro_row
+    if not args.skip_pyro:
+        rows["pyro"] = run_pyro(warmup, samples)
+    print(f"1-50-1 tanh BNN, 100 points, {warmup} + {samples} iterations per chain")
+    print(f"{'sampler':10s} {'chains':>6s} {'wall (s)':>9s} {'sampling (s)':>13s} {'min ESS f(x)':>13s} {'ESS/s':>8s}")
+    for name, r in rows.items():
+        r["ess_per_s"] = r["min_ess"] / r["wall_s"]
+        print(f"{name:10s} {r['chains']:6d} {r['wall_s']:9.1f} {r['sampling_s']:13.1f} {r['min_ess']:13.1f} {r['ess_per_s']:8.2f}")
+    summary = {f"{k}_ess_per_s": round(v["ess_per_s"], 3) for k, v in rows.items()}
+    if "numpyro" in rows:
+        summary["ess_per_s_vs_numpyro"] = round(rows["pyrobnn"]["ess_per_s"] / rows["numpyro"]["ess_per_s"], 3)
+    if "pyro" in rows:
+        summary["ess_per_s_vs_pyro"] = round(rows["pyrobnn"]["ess_per_s"] / rows["pyro"]["ess_per_s"], 3)
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
