@@ -17,6 +17,7 @@ The functions here take a potential ``U(z)`` over ``z`` of shape ``(chains, dim)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -291,6 +292,18 @@ def warmup_windows(num_warmup: int, init_buffer: int = 75, term_buffer: int = 50
     return ends
 
 
+def _dynamo_limits(raised: bool):
+    """A context (entered) lifting Dynamo's per-function recompilation limits while sampling."""
+    context = contextlib.nullcontext()
+    if raised:
+        import torch._dynamo
+
+        names = {"recompile_limit": 4096, "cache_size_limit": 4096, "accumulated_recompile_limit": 65536, "accumulated_cache_size_limit": 65536}
+        context = torch._dynamo.config.patch(**{k: v for k, v in names.items() if hasattr(torch._dynamo.config, k)})
+    context.__enter__()
+    return context
+
+
 def sample_nuts(
     potential,
     z_init,
@@ -324,6 +337,10 @@ def sample_nuts(
     window_start = 75 if num_warmup >= 150 else int(0.15 * num_warmup)
     draws, stats_all = [], {"accept_prob": [], "tree_depth": [], "num_steps": [], "diverging": []}
     bar = tqdm(total=num_warmup + num_samples, disable=not progress, desc="NUTS", unit="it", dynamic_ncols=True)
+    # Dynamo guards the compiled leaf on the potential object, so each run compiles anew; past
+    # its default limit of 8 recompilations per function it would silently run the leaf
+    # eagerly (10x slower) from the ninth run in a process on (e.g. the ninth UCI split).
+    limits = _dynamo_limits(raised=compile)
     try:
         for i in range(num_warmup + num_samples):
             warming = i < num_warmup
@@ -350,6 +367,7 @@ def sample_nuts(
                 )
             bar.update(1)
     finally:
+        limits.__exit__(None, None, None)
         bar.close()
     stacked = {k: torch.stack(v, 1) for k, v in stats_all.items()} if draws else {}
     stacked["step_size"] = step
