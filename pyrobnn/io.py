@@ -13,13 +13,14 @@ weights into the wrong places.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import tempfile
 
 import torch
 
-__all__ = ["save", "load", "atomic_save", "safe_load", "describe"]
+__all__ = ["save", "load", "atomic_save", "atomic_write_text", "record_results", "safe_load", "describe"]
 
 FORMAT = "pyrobnn"
 VERSION = 1
@@ -41,6 +42,44 @@ def atomic_save(obj, path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(text: str, path) -> None:
+    """Write ``text`` to ``path`` through a temporary file and an atomic rename."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def record_results(path, entries) -> list:
+    """Merge ``entries`` (dicts with at least ``name`` and ``metric``) into the JSON list at
+    ``path``: an entry replaces the one with the same ``(name, metric)``; the file is
+    rewritten atomically. Returns the merged list."""
+    path = os.fspath(path)
+    records = []
+    if os.path.exists(path):
+        with open(path) as f:
+            records = json.load(f)
+        if not isinstance(records, list):
+            raise ValueError(f"{path} does not hold a JSON list of results")
+    for entry in entries:
+        if "name" not in entry or "metric" not in entry:
+            raise ValueError(f"a result needs 'name' and 'metric': {entry}")
+        records = [r for r in records if (r.get("name"), r.get("metric")) != (entry["name"], entry["metric"])]
+        records.append(dict(entry))
+    atomic_write_text(json.dumps(records, indent=1) + "\n", path)
+    return records
 
 
 def safe_load(path, map_location=None):
