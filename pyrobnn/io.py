@@ -13,6 +13,7 @@ weights into the wrong places.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -26,33 +27,17 @@ FORMAT = "pyrobnn"
 VERSION = 1
 
 
-def atomic_save(obj, path) -> None:
-    """``torch.save(obj, path)`` through a temporary file and an atomic rename."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(text: str, path) -> None:
-    """Write ``text`` to ``path`` through a temporary file and an atomic rename."""
+@contextlib.contextmanager
+def _atomic_file(path, mode: str):
+    """An open temporary file beside ``path``, flushed to disk and renamed over ``path`` when
+    the block ends without an error, removed otherwise."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -60,6 +45,18 @@ def atomic_write_text(text: str, path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_save(obj, path) -> None:
+    """``torch.save(obj, path)`` through a temporary file and an atomic rename."""
+    with _atomic_file(path, "wb") as f:
+        torch.save(obj, f)
+
+
+def atomic_write_text(text: str, path) -> None:
+    """Write ``text`` to ``path`` through a temporary file and an atomic rename."""
+    with _atomic_file(path, "w") as f:
+        f.write(text)
 
 
 def record_results(path, entries) -> list:
