@@ -200,10 +200,6 @@ class PrunedGuide(nn.Module):
             if mask is not None and mask.shape != site.shape:
                 raise ValueError(f"mask of {site.name!r} has shape {tuple(mask.shape)}, the site {tuple(site.shape)}")
 
-    @property
-    def sites(self):
-        return self.guide.sites
-
     def _apply(self, name, value):
         mask = self.masks.get(name)
         return value if mask is None else value * mask.to(device=value.device, dtype=value.dtype)

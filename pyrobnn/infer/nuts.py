@@ -293,15 +293,13 @@ def warmup_windows(num_warmup: int, init_buffer: int = 75, term_buffer: int = 50
 
 
 def _dynamo_limits(raised: bool):
-    """A context (entered) lifting Dynamo's per-function recompilation limits while sampling."""
-    context = contextlib.nullcontext()
-    if raised:
-        import torch._dynamo
+    """A context lifting Dynamo's per-function recompilation limits (a no-op unless ``raised``)."""
+    if not raised:
+        return contextlib.nullcontext()
+    import torch._dynamo
 
-        names = {"recompile_limit": 4096, "cache_size_limit": 4096, "accumulated_recompile_limit": 65536, "accumulated_cache_size_limit": 65536}
-        context = torch._dynamo.config.patch(**{k: v for k, v in names.items() if hasattr(torch._dynamo.config, k)})
-    context.__enter__()
-    return context
+    names = {"recompile_limit": 4096, "cache_size_limit": 4096, "accumulated_recompile_limit": 65536, "accumulated_cache_size_limit": 65536}
+    return torch._dynamo.config.patch(**{k: v for k, v in names.items() if hasattr(torch._dynamo.config, k)})
 
 
 def sample_nuts(
@@ -340,35 +338,34 @@ def sample_nuts(
     # Dynamo guards the compiled leaf on the potential object, so each run compiles anew; past
     # its default limit of 8 recompilations per function it would silently run the leaf
     # eagerly (10x slower) from the ninth run in a process on (e.g. the ninth UCI split).
-    limits = _dynamo_limits(raised=compile)
-    try:
-        for i in range(num_warmup + num_samples):
-            warming = i < num_warmup
-            state, stats = nuts_step(potential, state, step, inv_mass, max_tree_depth, generator, leaf)
-            if warming:
-                step = adapter.update(stats["accept_prob"])
-                if adapt_mass and i >= window_start:
-                    variance.update(state.z)
-                if i + 1 in window_ends:
-                    inv_mass = variance.regularized()
-                    variance = WelfordVariance(z_init)
-                    step = find_step_size(potential, state, inv_mass, initial=1.0, generator=generator)
-                    adapter.reset(step)
-                if i + 1 == num_warmup:
-                    step = adapter.final_step_size
-            else:
-                draws.append(transform(state.z) if transform is not None else state.z.clone())
-                for k in stats_all:
-                    stats_all[k].append(stats[k])
-            if progress and (i % 10 == 0 or i + 1 == num_warmup + num_samples):
-                bar.set_postfix(
-                    {"phase": "warmup" if warming else "sample", "step": f"{step.mean().item():.2g}", "depth": int(stats["tree_depth"].max())},
-                    refresh=False,
-                )
-            bar.update(1)
-    finally:
-        limits.__exit__(None, None, None)
-        bar.close()
+    with _dynamo_limits(raised=compile):
+        try:
+            for i in range(num_warmup + num_samples):
+                warming = i < num_warmup
+                state, stats = nuts_step(potential, state, step, inv_mass, max_tree_depth, generator, leaf)
+                if warming:
+                    step = adapter.update(stats["accept_prob"])
+                    if adapt_mass and i >= window_start:
+                        variance.update(state.z)
+                    if i + 1 in window_ends:
+                        inv_mass = variance.regularized()
+                        variance = WelfordVariance(z_init)
+                        step = find_step_size(potential, state, inv_mass, initial=1.0, generator=generator)
+                        adapter.reset(step)
+                    if i + 1 == num_warmup:
+                        step = adapter.final_step_size
+                else:
+                    draws.append(transform(state.z) if transform is not None else state.z.clone())
+                    for k in stats_all:
+                        stats_all[k].append(stats[k])
+                if progress and (i % 10 == 0 or i + 1 == num_warmup + num_samples):
+                    bar.set_postfix(
+                        {"phase": "warmup" if warming else "sample", "step": f"{step.mean().item():.2g}", "depth": int(stats["tree_depth"].max())},
+                        refresh=False,
+                    )
+                bar.update(1)
+        finally:
+            bar.close()
     stacked = {k: torch.stack(v, 1) for k, v in stats_all.items()} if draws else {}
     stacked["step_size"] = step
     stacked["inv_mass"] = inv_mass
