@@ -103,6 +103,11 @@ def _check_images(x):
         raise ValueError("pixel values must be finite and in [0, 1]")
 
 
+def _check_samples(num_samples):
+    if int(num_samples) < 1:
+        raise ValueError(f"num_samples must be positive, got {num_samples}")
+
+
 def _log_weights(vae, x, k):
     """``(k, N)`` log importance weights log p(x|z) + log p(z) - log q(z|x), z ~ q(z|x)."""
     q = vae.posterior(x)
@@ -118,6 +123,7 @@ def importance_log_likelihood(vae: VAE, x, num_samples: int = 5000, batch_size: 
     samples of :math:`q(z\\mid x)` (images in chunks of ``batch_size``, samples in chunks of
     ``sample_batch``, combined exactly with ``logsumexp``)."""
     _check_images(x)
+    _check_samples(num_samples)
     out = []
     for i in range(0, x.shape[0], batch_size):
         xb = vae._flat(x[i : i + batch_size])
@@ -134,6 +140,7 @@ def importance_log_likelihood(vae: VAE, x, num_samples: int = 5000, batch_size: 
 def elbo_per_example(vae: VAE, x, num_samples: int = 10, batch_size: int = 500) -> torch.Tensor:
     """Per-image ELBO, averaged over ``num_samples`` samples of :math:`q(z\\mid x)`."""
     _check_images(x)
+    _check_samples(num_samples)
     return torch.cat([_log_weights(vae, vae._flat(x[i : i + batch_size]), num_samples).mean(0) for i in range(0, x.shape[0], batch_size)])
 
 

@@ -64,5 +64,7 @@ def test_vae_rejects_bad_images():
         fit_vae(vae, torch.full((3, 4), 2.0), epochs=1, progress=False)
     with pytest.raises(ValueError, match="4 pixels"):
         importance_log_likelihood(vae, torch.rand(3, 5), num_samples=2)
+    with pytest.raises(ValueError, match="num_samples"):
+        importance_log_likelihood(vae, torch.rand(3, 4), num_samples=0)
     with pytest.raises(ValueError, match="floating-point"):
         importance_log_likelihood(vae, torch.ones(3, 4, dtype=torch.long), num_samples=2)
