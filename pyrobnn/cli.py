@@ -42,6 +42,7 @@ def _compare(args) -> int:
         quick=args.quick,
         seed=args.seed,
         progress=not args.quiet,
+        resume=not args.no_resume,
     )
     print(format_markdown(args.dataset, rows, args.quick))
     print(f"tables, plots and NUTS diagnostics in {args.out}")
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--seed", type=int, default=0)
     compare.add_argument("--quick", action="store_true", help="short runs, for a check that everything works")
     compare.add_argument("--quiet", action="store_true", help="no progress bars")
+    compare.add_argument("--no-resume", action="store_true", help="run every UCI split afresh instead of reusing those saved in OUT/splits")
     compare.set_defaults(run=_compare)
     return parser
 

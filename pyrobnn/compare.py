@@ -22,6 +22,7 @@ Results are mean and standard error over splits, beside the published figures of
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -38,6 +39,7 @@ import pyrobnn
 from pyrobnn import metrics
 from pyrobnn.data import gap_regression, uci, uci_num_splits
 from pyrobnn.infer.hmc import nuts
+from pyrobnn.io import atomic_write_text
 
 __all__ = ["METHODS", "PUBLISHED", "run_compare", "format_markdown"]
 
@@ -178,6 +180,68 @@ def _fit_method(method, split, s, seed, progress, x_grid=None):
     return test, grid, seconds, extra
 
 
+def _run_split(split, keys, s, seed, bar, x_grid, out_dir, first):
+    """Fit and score every method on one split: ``{"rows", "calibration", "diagnostics",
+    "grid_preds"}``, the rows and calibration keyed by method."""
+    from pyrobnn import diagnostics
+
+    preds, rows, calibration, grid_preds, summary = {}, {}, {}, {}, None
+    y_orig = split["y_test"] * split["y_std"] + split["y_mean"]
+    for key in keys:
+        bar.set_postfix({"split": split["split"], "method": key}, refresh=True)
+        test, grid, seconds, extra = _fit_method(METHODS[key], split, s, seed + split["split"], progress=False, x_grid=x_grid)
+        preds[key] = test
+        rows[key] = _score(test, y_orig, seconds)
+        calibration[key] = _calibration(test, y_orig, CALIBRATION_LEVELS)
+        if key == "nuts":
+            idata = diagnostics.inference_data(extra["model"], extra["result"], split["x_test"], split["y_test"])
+            summary = diagnostics.convergence_summary(idata)
+            summary["split"] = split["split"]
+            rows[key].update({k: v for k, v in summary.items() if k != "split"})
+            if first:
+                diagnostics.plot_diagnostics(idata, out_dir, prefix="nuts")
+                diagnostics.save_netcdf(idata, os.path.join(out_dir, "nuts.nc"))
+        if grid is not None:
+            grid_preds[key] = grid
+        bar.update(1)
+    for key in keys:
+        rows[key]["w2_to_nuts"] = 0.0 if key == "nuts" else _w2_to_reference(preds[key], preds["nuts"])
+    return {"rows": rows, "calibration": calibration, "diagnostics": summary, "grid_preds": grid_preds}
+
+
+class _SplitCache:
+    """Per-split results in ``out_dir/splits/split-<i>.json``, written atomically; a saved
+    split is reused only if it was run with the same data set, seed and settings and holds every
+    method asked for."""
+
+    def __init__(self, out_dir, fingerprint):
+        self.folder = os.path.join(out_dir, "splits")
+        self.fingerprint = json.loads(json.dumps(fingerprint))  # as it reads back from JSON
+
+    def _path(self, index):
+        return os.path.join(self.folder, f"split-{index}.json")
+
+    def load(self, index, keys):
+        path = self._path(index)
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            return None  # unreadable: run the split again
+        if saved.get("fingerprint") != self.fingerprint or not set(keys) <= set(saved["rows"]):
+            return None
+        return {
+            "rows": {k: saved["rows"][k] for k in keys},
+            "calibration": {k: saved["calibration"][k] for k in keys},
+            "diagnostics": saved["diagnostics"] if "nuts" in keys else None,
+        }
+
+    def save(self, index, record):
+        atomic_write_text(json.dumps({"fingerprint": self.fingerprint, **record}, indent=1), self._path(index))
+
+
 def _splits(dataset, data_dir, splits, quick, seed):
     if dataset == "toy":
         x, y = gap_regression(n=100, noise=0.1, seed=seed)
@@ -205,11 +269,15 @@ def run_compare(
     quick: bool = False,
     seed: int = 0,
     progress: bool = True,
+    resume: bool = True,
 ):
     """Run the comparison, write ``results.md``, ``results.csv``, ``results.json``, the plots
-    and NUTS's diagnostics into ``out_dir``; return the summary rows."""
-    from pyrobnn import diagnostics
+    and NUTS's diagnostics into ``out_dir``; return the summary rows.
 
+    :param resume: reuse the splits of a UCI set that an earlier run with the same settings
+        saved in ``out_dir/splits`` (each split is saved as it completes), so that a long run
+        stopped part way goes on from where it stopped.
+    """
     os.makedirs(out_dir, exist_ok=True)
     keys = list(methods) if methods else list(METHODS)
     if "nuts" not in keys:
@@ -224,33 +292,27 @@ def run_compare(
     toy = dataset == "toy"
     x_grid = torch.linspace(-1.6, 1.6, 300).unsqueeze(-1) if toy else None
     split_list = list(_splits(dataset, data_dir, splits, quick, seed))
+    # a split's results are saved as it completes, so an interrupted run resumes where it
+    # stopped; the toy run keeps its plotting grid in memory and always runs afresh
+    fingerprint = {"dataset": dataset, "seed": seed, "settings": dict(s.__dict__)}
+    cache = _SplitCache(out_dir, fingerprint) if resume and not toy else None
     bar = tqdm(total=len(split_list) * len(keys), disable=not progress, desc=f"compare {dataset}", unit="fit", position=0)
     diagnostics_rows = []
     try:
         for split in split_list:
-            preds = {}
+            record = cache.load(split["split"], keys) if cache is not None else None
+            if record is None:
+                record = _run_split(split, keys, s, seed, bar, x_grid, out_dir, first=split is split_list[0])
+                grid_preds.update(record.pop("grid_preds"))
+                if cache is not None:
+                    cache.save(split["split"], record)
+            else:
+                bar.update(len(keys))
             for key in keys:
-                bar.set_postfix({"split": split["split"], "method": key}, refresh=True)
-                test, grid, seconds, extra = _fit_method(METHODS[key], split, s, seed + split["split"], progress=False, x_grid=x_grid)
-                preds[key] = test
-                y_orig = split["y_test"] * split["y_std"] + split["y_mean"]
-                row = _score(test, y_orig, seconds)
-                calibration[key].append(_calibration(test, y_orig, CALIBRATION_LEVELS))
-                if key == "nuts":
-                    idata = diagnostics.inference_data(extra["model"], extra["result"], split["x_test"], split["y_test"])
-                    summary = diagnostics.convergence_summary(idata)
-                    summary["split"] = split["split"]
-                    diagnostics_rows.append(summary)
-                    row.update({k: v for k, v in summary.items() if k != "split"})
-                    if split is split_list[0]:
-                        diagnostics.plot_diagnostics(idata, out_dir, prefix="nuts")
-                        diagnostics.save_netcdf(idata, os.path.join(out_dir, "nuts.nc"))
-                if grid is not None:
-                    grid_preds[key] = grid
-                per_split[key].append(row)
-                bar.update(1)
-            for key in keys:
-                per_split[key][-1]["w2_to_nuts"] = 0.0 if key == "nuts" else _w2_to_reference(preds[key], preds["nuts"])
+                per_split[key].append(record["rows"][key])
+                calibration[key].append(record["calibration"][key])
+            if record["diagnostics"] is not None:
+                diagnostics_rows.append(record["diagnostics"])
     finally:
         bar.close()
 
@@ -294,19 +356,19 @@ def format_markdown(dataset, rows, quick=False) -> str:
 
 
 def _write_outputs(out_dir, dataset, rows, per_split, calibration, diagnostics_rows, s, quick):
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(format_markdown(dataset, rows, quick))
-        if diagnostics_rows:
-            f.write("\nNUTS convergence (per split): " + json.dumps(diagnostics_rows) + "\n")
-        f.write(f"\nSettings: {s}\n")
+    markdown = format_markdown(dataset, rows, quick)
+    if diagnostics_rows:
+        markdown += "\nNUTS convergence (per split): " + json.dumps(diagnostics_rows) + "\n"
+    atomic_write_text(markdown + f"\nSettings: {s}\n", os.path.join(out_dir, "results.md"))
     fields = ["method", "key", "splits"] + [f"{m}{suf}" for m in ("rmse", "log_likelihood", "coverage_90", "crps", "w2_to_nuts", "seconds") for suf in ("", "_se")]
-    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: r[k] for k in fields})
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"dataset": dataset, "summary": rows, "per_split": per_split, "nuts_diagnostics": diagnostics_rows, "settings": s.__dict__}, f, indent=2)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=fields)
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: r[k] for k in fields})
+    atomic_write_text(table.getvalue(), os.path.join(out_dir, "results.csv"))
+    results = {"dataset": dataset, "summary": rows, "per_split": per_split, "nuts_diagnostics": diagnostics_rows, "settings": s.__dict__}
+    atomic_write_text(json.dumps(results, indent=2), os.path.join(out_dir, "results.json"))
 
 
 def _plot_calibration(out_dir, keys, calibration):

@@ -1,0 +1,55 @@
+"""`pyrobnn compare` on UCI data saves each split as it completes and resumes from them."""
+
+import json
+import os
+
+import pytest
+
+from pyrobnn import compare
+
+
+def _yacht(shared_data_dir):
+    if not os.path.isdir(os.path.join(shared_data_dir, "uci", "yacht")):
+        pytest.skip(f"UCI yacht not found under {shared_data_dir} (set PYROBNN_DATA)")
+    return shared_data_dir
+
+
+def test_an_interrupted_uci_comparison_resumes_from_its_saved_splits(tmp_path, shared_data_dir, monkeypatch):
+    data_dir = _yacht(shared_data_dir)
+    out = str(tmp_path / "cmp")
+    kwargs = dict(dataset="yacht", out_dir=out, data_dir=data_dir, methods=["meanfield"], quick=True, progress=False)
+    run_split = compare._run_split
+    calls = []
+
+    def interrupted(split, *args, **kw):
+        calls.append(split["split"])
+        if split["split"] == 1:
+            raise KeyboardInterrupt
+        return run_split(split, *args, **kw)
+
+    monkeypatch.setattr(compare, "_run_split", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        compare.run_compare(splits=[0, 1], **kwargs)
+    assert calls == [0, 1]
+    saved = json.load(open(os.path.join(out, "splits", "split-0.json")))
+    assert not os.path.exists(os.path.join(out, "splits", "split-1.json"))
+
+    # the rerun fits split 1 only and reports split 0 as saved
+    calls.clear()
+    monkeypatch.setattr(compare, "_run_split", lambda split, *a, **kw: (calls.append(split["split"]), run_split(split, *a, **kw))[1])
+    rows = {r["key"]: r for r in compare.run_compare(splits=[0, 1], **kwargs)}
+    assert calls == [1]
+    assert rows["nuts"]["splits"] == 2
+    per_split = json.load(open(os.path.join(out, "results.json")))["per_split"]
+    assert per_split["nuts"][0]["rmse"] == saved["rows"]["nuts"]["rmse"]
+
+    # other settings (another seed) or more methods than were saved: the split runs again
+    calls.clear()
+    compare.run_compare(splits=[0], **{**kwargs, "methods": ["meanfield", "mc_dropout"]})
+    assert calls == [0]
+    calls.clear()
+    compare.run_compare(splits=[0], seed=1, **kwargs)
+    assert calls == [0]
+    calls.clear()
+    compare.run_compare(splits=[0], resume=False, **kwargs)
+    assert calls == [0]
