@@ -38,6 +38,8 @@ parser.add_argument("--checkpoint", default=None, help="save every epoch to / re
 parser.add_argument("--export", default=None, help="write the pruned deterministic network here")
 parser.add_argument("--results", default=None, help="merge the figures into this JSON list")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--init", choices=("torch", "glorot"), default="torch",
+                    help="initial weights: PyTorch's layer defaults, or Glorot-uniform weights and zero biases (the reference code's Lasagne defaults)")
 args = parser.parse_args()
 
 epochs = 3 if args.quick else args.epochs
@@ -46,6 +48,11 @@ x_test, y_test = mnist(args.data, train=False, subset=2000 if args.quick else No
 
 torch.manual_seed(args.seed)
 net = pyrobnn.LeNet300100() if args.net == "lenet300100" else pyrobnn.LeNet5()
+if args.init == "glorot":
+    for layer in net.modules():
+        if isinstance(layer, (torch.nn.Linear, torch.nn.Conv2d)):
+            torch.nn.init.xavier_uniform_(layer.weight)
+            torch.nn.init.zeros_(layer.bias)
 model = pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood(), pyrobnn.LogUniformPrior(), random="weights")
 guide = pyrobnn.SparseVariationalDropout(model, init_log_sigma2=-10.0)
 
@@ -94,7 +101,7 @@ print(f"{args.net}: test error {error:.2f}% (published {pub['error']}%), exporte
 result = {"net": args.net, "epochs": len(history.epoch), "error": error, "exported_error": exported_error,
           "chance_error": 90.0, **report.as_dict(), "train_seconds": history.seconds[-1], "wall_seconds": time.perf_counter() - start}
 if args.results:
-    command = f"python examples/mnist_sparse_vd.py --net {args.net} --epochs {epochs} --seed {args.seed}" + (" --quick" if args.quick else "")
+    command = f"python examples/mnist_sparse_vd.py --net {args.net} --epochs {epochs} --seed {args.seed} --init {args.init}" + (" --quick" if args.quick else "")
     name = f"sparse VD {args.net}" + (" (quick)" if args.quick else "")
     record_results(args.results, [
         {"name": name, "metric": "test error %", "value": error, "published": pub["error"], "command": command, "epochs": len(history.epoch), "seed": args.seed, "train_seconds": history.seconds[-1]},
