@@ -143,6 +143,9 @@ def _calibration(pred, y, levels):
     return [pred.coverage(y, level) for level in levels]
 
 
+#: R-hat on the predictions below which the NUTS chains count as agreeing (Vehtari et al. 2021)
+RHAT_CONVERGED = 1.01
+
 CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 
 
@@ -323,6 +326,12 @@ def run_compare(
             values = torch.tensor([r[metric] for r in per_split[key]], dtype=torch.float64)
             summary[metric] = values.mean().item()
             summary[f"{metric}_se"] = (values.std() / math.sqrt(len(values))).item() if len(values) > 1 else 0.0
+        if key == "nuts" and diagnostics_rows:
+            rhat = torch.tensor([d["max_rhat_predictions"] for d in diagnostics_rows], dtype=torch.float64)
+            summary["max_rhat_predictions"] = rhat.max().item()
+            summary["median_max_rhat_predictions"] = rhat.median().item()
+            summary["min_ess_predictions"] = min(d["min_ess_predictions"] for d in diagnostics_rows)
+            summary["divergences"] = sum(int(d["divergences"]) for d in diagnostics_rows)
         rows.append(summary)
     _write_outputs(out_dir, dataset, rows, per_split, calibration, diagnostics_rows, s, quick)
     _plot_calibration(out_dir, keys, calibration)
@@ -346,6 +355,19 @@ def format_markdown(dataset, rows, quick=False) -> str:
             f"| {r['method']} | {r['splits']} | {pm(r, 'rmse')} | {pm(r, 'log_likelihood')} | {pm(r, 'coverage_90')} | "
             f"{pm(r, 'crps')} | {pm(r, 'w2_to_nuts')} | {pm(r, 'seconds', 1)} |"
         )
+    nuts_row = next((r for r in rows if r.get("key") == "nuts" and "max_rhat_predictions" in r), None)
+    if nuts_row is not None:
+        converged = nuts_row["max_rhat_predictions"] <= RHAT_CONVERGED
+        lines += ["", (
+            f"NUTS on the test predictions: max R-hat {nuts_row['max_rhat_predictions']:.3f} (median over splits "
+            f"{nuts_row['median_max_rhat_predictions']:.3f}), min bulk ESS {nuts_row['min_ess_predictions']:.0f}, "
+            f"{nuts_row['divergences']} divergent transitions. "
+        ) + (
+            "The chains agree: NUTS is a converged reference."
+            if converged else
+            f"R-hat above {RHAT_CONVERGED} means the chains disagree (they sit in different modes of the posterior): "
+            "NUTS is not a converged reference here, and 'W2 to NUTS' is a distance to the mixture of its chains."
+        )]
     if dataset in PUBLISHED:
         lines += ["", "Published (Gal & Ghahramani 2016, Table 1; grid: DropoutUncertaintyExps README), mean ± SE over 20 splits:", ""]
         lines += ["| method | test RMSE | test log-lik |", "|---|---|---|"]

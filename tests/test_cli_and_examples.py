@@ -55,7 +55,7 @@ def test_compare_quick_on_the_toy_data(tmp_path):
     # the targets have sd 0.77; even the short runs must do better than predicting the mean
     assert rows["nuts"]["rmse"] < 0.3
     assert all(0 <= r["coverage_90"] <= 1 and r["w2_to_nuts"] >= 0 for r in rows.values())
-    assert "NUTS (reference)" in stdout
+    assert "NUTS (reference)" in stdout and "NUTS on the test predictions: max R-hat" in stdout
 
 
 def test_compare_quick_on_a_uci_split(tmp_path, shared_data_dir):

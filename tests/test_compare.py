@@ -40,8 +40,12 @@ def test_an_interrupted_uci_comparison_resumes_from_its_saved_splits(tmp_path, s
     rows = {r["key"]: r for r in compare.run_compare(splits=[0, 1], **kwargs)}
     assert calls == [1]
     assert rows["nuts"]["splits"] == 2
-    per_split = json.load(open(os.path.join(out, "results.json")))["per_split"]
-    assert per_split["nuts"][0]["rmse"] == saved["rows"]["nuts"]["rmse"]
+    results = json.load(open(os.path.join(out, "results.json")))
+    assert results["per_split"]["nuts"][0]["rmse"] == saved["rows"]["nuts"]["rmse"]
+    # the table says how far NUTS's chains agree, over both splits
+    rhats = [d["max_rhat_predictions"] for d in results["nuts_diagnostics"]]
+    assert len(rhats) == 2 and rows["nuts"]["max_rhat_predictions"] == max(rhats)
+    assert f"max R-hat {max(rhats):.3f}" in open(os.path.join(out, "results.md")).read()
 
     # other settings (another seed) or more methods than were saved: the split runs again
     calls.clear()
