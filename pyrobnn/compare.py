@@ -233,7 +233,7 @@ class _SplitCache:
                 saved = json.load(f)
         except (OSError, ValueError):
             return None  # unreadable: run the split again
-        if saved.get("fingerprint") != self.fingerprint or not set(keys) <= set(saved["rows"]):
+        if saved.get("fingerprint") != self.fingerprint or not set(keys) <= set(saved.get("rows", {})):
             return None
         return {
             "rows": {k: saved["rows"][k] for k in keys},
