@@ -238,7 +238,7 @@ class _SplitCache:
         return {
             "rows": {k: saved["rows"][k] for k in keys},
             "calibration": {k: saved["calibration"][k] for k in keys},
-            "diagnostics": saved["diagnostics"] if "nuts" in keys else None,
+            "diagnostics": saved["diagnostics"],  # NUTS always runs
         }
 
     def save(self, index, record):
