@@ -18,6 +18,7 @@ from torch import nn
 from torch.func import vmap
 
 from pyrobnn.estimators import SUPPORTED_LAYERS, apply_layer, estimator_active
+from pyrobnn.models.rational_tanh import tanh_for
 
 __all__ = ["swap_parameters", "route_layers", "sample_shape_of", "call_with_weights"]
 
@@ -146,6 +147,9 @@ def _run_stack(layers, sites, weights, x):
     # weights: {(id(module), param_name): (S, *shape)}; x: (N, in) -> (S, N, out)
     h = x
     for module in layers:
+        if type(module) is nn.Tanh:
+            h = tanh_for(h)  # the rational form in compiled float32 code: see rational_tanh
+            continue
         if type(module) is not nn.Linear:
             h = module(h)
             continue
