@@ -72,12 +72,17 @@ def _where(mask, a, b):
 
 def _leaf(
     potential, z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, r_ckpt, r_sum_ckpt,
-    active, accept_sum, n_steps, diverging, step, inv_mass, h0, log_u, store_slot, check_slots,
+    active, accept_sum, n_steps, diverging, step, inv_mass, h0, log_u, check_slots,
 ):
     """One leaf of a subtree for every chain: a leapfrog step, multinomial sampling within the
     subtree, and the U-turn checks of the sub-subtrees the leaf completes. Pure tensor code
-    (the checkpoint slots to store into and to check are masks), so that one compiled graph
-    serves every leaf; chains with ``active`` false are left unchanged."""
+    (the checkpoint slots to check are a mask), so that one compiled graph serves every leaf;
+    chains with ``active`` false are left unchanged.
+
+    The checkpoints ``r_ckpt`` and ``r_sum_ckpt`` (``(C, T, D)``) are only read here: an odd
+    leaf checks, an even leaf stores (:func:`_store_checkpoint`, after this call), never both.
+    Storing inside a compiled graph made it write a new copy of both arrays at every leaf,
+    which at 128 chains was a fifth of the leaf's time."""
     z_new, r_new, u_new, g_new = _leapfrog(potential, z, r, g, step, inv_mass)
     delta = u_new + _kinetic(r_new, inv_mass) - h0
     delta = torch.where(torch.isnan(delta), torch.full_like(delta, math.inf), delta)
@@ -89,15 +94,20 @@ def _leaf(
     sub_z, sub_u, sub_g = _where(take, z_new, sub_z), torch.where(take, u_new, sub_u), _where(take, g_new, sub_g)
     sub_log_w = torch.where(active, new_sub_log_w, sub_log_w)
     sub_r_sum = _where(active, sub_r_sum + r_new, sub_r_sum)
-    store = (active.unsqueeze(-1) & store_slot).unsqueeze(-1)
-    r_ckpt = torch.where(store, r_new.unsqueeze(1), r_ckpt)
-    r_sum_ckpt = torch.where(store, sub_r_sum.unsqueeze(1), r_sum_ckpt)
     block_sum = sub_r_sum.unsqueeze(1) - r_sum_ckpt + r_ckpt
     turning = (_is_turning(inv_mass.unsqueeze(1), r_ckpt, r_new.unsqueeze(1), block_sum) & check_slots).any(-1)
     sub_bad = sub_bad | (active & (turning | divergent))
     diverging = diverging | (active & divergent)
     z, r, g = _where(active, z_new, z), _where(active, r_new, r), _where(active, g_new, g)
-    return z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, r_ckpt, r_sum_ckpt, accept_sum, n_steps, diverging
+    return z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, accept_sum, n_steps, diverging
+
+
+def _store_checkpoint(r_ckpt, r_sum_ckpt, slot, r, r_sum):
+    """Checkpoint an even leaf's momentum and the subtree's momentum sum so far, in place. For
+    chains inactive at that leaf the values stored are stale, but such a chain's subtree has
+    already ended (turned, diverged or finished) and its checkpoints are never read again."""
+    r_ckpt[:, slot] = r
+    r_sum_ckpt[:, slot] = r_sum
 
 
 def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: int = 10, generator=None, leaf=None):
@@ -152,10 +162,12 @@ def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: 
             if not active.any():
                 break
             store_slot, check_slots = slots[n]
-            (z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, r_ckpt, r_sum_ckpt, accept_sum, n_steps, diverging) = leaf(
+            (z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, accept_sum, n_steps, diverging) = leaf(
                 z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, r_ckpt, r_sum_ckpt,
-                active, accept_sum, n_steps, diverging, signed_step, inv_mass, h0, torch.log(uniform()), store_slot, check_slots,
+                active, accept_sum, n_steps, diverging, signed_step, inv_mass, h0, torch.log(uniform()), check_slots,
             )
+            if store_slot is not None:
+                _store_checkpoint(r_ckpt, r_sum_ckpt, store_slot, r, sub_r_sum)
         # merge the subtree where it is valid; otherwise the trajectory ends there
         ok = building & ~sub_bad
         accept = ok & (torch.log(uniform()) < sub_log_w - log_w)
@@ -182,20 +194,17 @@ _SLOT_CACHE = {}
 
 
 def _slot_masks(max_tree_depth, device):
-    """For each leaf index of a subtree, the checkpoint slot it stores into (even leaves) and
-    the slots whose sub-subtrees it completes (odd leaves), as boolean masks."""
+    """For each leaf index of a subtree, the checkpoint slot it stores into (even leaves; None
+    for odd ones) and the slots whose sub-subtrees it completes (odd leaves), a boolean mask."""
     key = (max_tree_depth, str(device))
     if key not in _SLOT_CACHE:
         masks = []
         for n in range(2 ** (max_tree_depth - 1)):
             lo, hi = _ckpt_indices(n)
-            store = torch.zeros(max_tree_depth, dtype=torch.bool, device=device)
             check = torch.zeros(max_tree_depth, dtype=torch.bool, device=device)
-            if n % 2 == 0:
-                store[hi] = True
-            else:
+            if n % 2 == 1:
                 check[lo : hi + 1] = True
-            masks.append((store, check))
+            masks.append((hi if n % 2 == 0 else None, check))
         _SLOT_CACHE[key] = masks
     return _SLOT_CACHE[key]
 
