@@ -1,20 +1,22 @@
 """NUTS speed on a 1-50-1 tanh BNN: effective samples per second of pyrobnn's fast path,
 Pyro's NUTS and NumPyro's NUTS.
 
-    python benchmarks/hmc_speed.py            # about 10 minutes (Pyro's NUTS is most of it)
+    python benchmarks/hmc_speed.py            # about 10 minutes
     python benchmarks/hmc_speed.py --quick    # a minute
 
 Model: y = f(x) + N(0, 0.1^2), f a 1-50-1 tanh network with N(0, 1) weights, on 100
 standardized points of Blundell et al.'s curve; 300 warm-up and 300 sampling iterations per
 chain, maximum tree depth 10, target acceptance 0.8 in all three. Each sampler runs at its best
 settings here: Pyro with ``jit_compile=True`` (one chain; chains are separate processes in
-Pyro), NumPyro with one chain per CPU core (``chain_method="parallel"``), pyrobnn with many
-chains in one batched, compiled computation (64 by default; ``--chains 16,64`` runs both and
-compares the better one).
+Pyro), NumPyro with one chain per CPU core (``chain_method="parallel"``; its
+``"vectorized"`` chains measured 20% fewer ESS/s here), pyrobnn with many chains in one batched,
+compiled computation (64 by default; ``--chains 16,64`` runs both and compares the better one).
 
 Figure of merit: the minimum bulk ESS (ArviZ) over the network's predictions at 20 points of
 a grid, divided by the wall time of the whole run (warm-up and compilation included, since a
-user waits for them too); sampling-only time is printed as well. The last line is one JSON
+user waits for them too); sampling-only time is printed as well. NumPyro's two chains are run
+with 8 seeds (``--numpyro-runs``) and pooled, its ESS taken over the 16 chains and its time
+summed: a single 2-chain run's ESS swings threefold with the seed. The last line is one JSON
 object including ``ess_per_s_vs_numpyro`` (pyrobnn / NumPyro).
 """
 
@@ -81,7 +83,11 @@ def run_pyro(warmup, samples):
     return {"wall_s": total, "sampling_s": result.seconds, "min_ess": min_ess(torch_predictions(m, result)), "chains": 1}
 
 
-def run_numpyro(warmup, samples, chains):
+def run_numpyro(warmup, samples, chains, runs):
+    """``runs`` runs of ``chains`` parallel chains with seeds 0, 1, ...: the ESS of the pooled
+    chains over the summed wall time. One run's 2-chain ESS is too noisy to compare (over eight
+    seeds it ranged 134-375, ESS/s 14-41), and with so few chains it also misses the
+    disagreement between chains stuck in different modes that many chains reveal."""
     try:
         os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={chains}")
         import jax
@@ -105,28 +111,35 @@ def run_numpyro(warmup, samples, chains):
 
     mcmc = MCMC(NUTS(np_model, max_tree_depth=10, target_accept_prob=0.8), num_warmup=warmup, num_samples=samples,
                 num_chains=chains, chain_method="parallel" if chains > 1 else "sequential", progress_bar=False)
-    start = time.perf_counter()
-    mcmc.run(jax.random.PRNGKey(0), X, Y)
-    s = mcmc.get_samples(group_by_chain=True)
-    s["w1"].block_until_ready()
-    total = time.perf_counter() - start
     g = GRID.numpy()
-    w1, b1, w2, b2 = (np.asarray(s[k], dtype=np.float64) for k in ("w1", "b1", "w2", "b2"))
-    hidden = np.tanh(np.einsum("gi,cdih->cdgh", g, w1) + b1[:, :, None, :])
-    f = np.einsum("cdgh,cdho->cdgo", hidden, w2)[..., 0] + b2
-    return {"wall_s": total, "sampling_s": total, "min_ess": min_ess(f), "chains": chains}
+    total, fs, per_run = 0.0, [], []
+    for seed in range(runs):
+        start = time.perf_counter()
+        mcmc.run(jax.random.PRNGKey(seed), X, Y)
+        s = mcmc.get_samples(group_by_chain=True)
+        s["w1"].block_until_ready()  # JAX dispatches asynchronously: time the finished result
+        wall = time.perf_counter() - start
+        w1, b1, w2, b2 = (np.asarray(s[k], dtype=np.float64) for k in ("w1", "b1", "w2", "b2"))
+        hidden = np.tanh(np.einsum("gi,cdih->cdgh", g, w1) + b1[:, :, None, :])
+        fs.append(np.einsum("cdgh,cdho->cdgo", hidden, w2)[..., 0] + b2)
+        total += wall
+        per_run.append(min_ess(fs[-1]) / wall)
+    f = np.concatenate(fs, 0)
+    return {"wall_s": total, "sampling_s": total, "min_ess": min_ess(f), "chains": chains * runs,
+            "per_run_ess_per_s": [round(v, 2) for v in per_run]}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--chains", default="64", help="pyrobnn's batched chains; a comma-separated list runs each (the best is compared)")
+    parser.add_argument("--numpyro-runs", type=int, default=8, help="NumPyro runs (seeds) pooled; each runs one chain per core")
     parser.add_argument("--skip-pyro", action="store_true", help="leave out Pyro's NUTS (the slow one)")
     args = parser.parse_args(argv)
     warmup, samples = (50, 50) if args.quick else (300, 300)
     counts = [int(c) for c in args.chains.split(",")]
     rows = {f"pyrobnn-{c}" if len(counts) > 1 else "pyrobnn": run_pyrobnn(warmup, samples, c) for c in counts}
-    numpyro_row = run_numpyro(warmup, samples, chains=os.cpu_count() or 1)
+    numpyro_row = run_numpyro(warmup, samples, chains=os.cpu_count() or 1, runs=2 if args.quick else args.numpyro_runs)
     if numpyro_row is not None:
         rows["numpyro"] = numpyro_row
     if not args.skip_pyro:
@@ -136,6 +149,8 @@ def main(argv=None):
     for name, r in rows.items():
         r["ess_per_s"] = r["min_ess"] / r["wall_s"]
         print(f"{name:12s} {r['chains']:6d} {r['wall_s']:9.1f} {r['sampling_s']:13.1f} {r['min_ess']:13.1f} {r['ess_per_s']:8.2f}")
+    if "numpyro" in rows:
+        print(f"NumPyro's {len(rows['numpyro']['per_run_ess_per_s'])} runs pooled; ESS/s of each run alone: {rows['numpyro']['per_run_ess_per_s']}")
     summary = {f"{k}_ess_per_s": round(v["ess_per_s"], 3) for k, v in rows.items()}
     ours = max((v for k, v in rows.items() if k.startswith("pyrobnn")), key=lambda v: v["ess_per_s"])
     summary["pyrobnn_best_chains"] = ours["chains"]

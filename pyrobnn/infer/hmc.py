@@ -80,6 +80,10 @@ def nuts(
     ``pyro.infer.Predictive(model, posterior_samples=result.flat_samples())`` or
     :func:`pyrobnn.predict`.
 
+    :param num_chains: chains run in lockstep as one batch, so on a CPU more chains cost far
+        less than proportionally: on a 1-50-1 network a leapfrog step takes about 10.6 us per
+        chain at 16 chains and 6.5 at 64 (``docs/benchmarks.md``). For many effective samples,
+        raise the chains (32-64) rather than the draws.
     :param compile: compile each leapfrog step (potential, gradient and the tree bookkeeping)
         with ``torch.compile`` (default): seconds of compilation, then about ten times less time
         per step on small networks. Falls back to eager code with a warning if compilation fails.
