@@ -11,6 +11,13 @@ parameters), per-weight alpha with the additive reparameterization (log sigma^2 
 and then linear to 1 at epoch 20. At the end, weights with log alpha >= 3 are zeroed and the
 network at the pruned posterior mean is evaluated and exported as a plain ``nn.Module``.
 
+Three further details of the reference code (bayesgroup/variational-dropout-sparsifies-dnn,
+``svdo-lasagne``), off by default and switched on by ``--reference``: ``--train-clip`` (the
+mean of a weight with log alpha >= 3 is zero during training too, its noise kept),
+``--init reference`` (dense weights N(0, 0.01^2), convolutions Glorot-uniform, zero biases:
+what its layers end up with) and ``--center`` (the training set's mean image subtracted from
+every input).
+
 Training checkpoints every epoch; rerunning the same command resumes where it stopped.
 MNIST is read from ``--data`` (default $PYROBNN_DATA) and copied to a cache, never written to.
 """
@@ -38,23 +45,35 @@ parser.add_argument("--checkpoint", default=None, help="save every epoch to / re
 parser.add_argument("--export", default=None, help="write the pruned deterministic network here")
 parser.add_argument("--results", default=None, help="merge the figures into this JSON list")
 parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--init", choices=("torch", "glorot"), default="torch",
-                    help="initial weights: PyTorch's layer defaults, or Glorot-uniform weights and zero biases (the reference code's Lasagne defaults)")
+parser.add_argument("--init", choices=("torch", "glorot", "reference"), default="torch",
+                    help="initial weights: PyTorch's layer defaults; Glorot-uniform weights and zero biases everywhere; "
+                         "or the reference code's (dense N(0, 0.01^2), convolutions Glorot-uniform, zero biases)")
+parser.add_argument("--train-clip", action="store_true", help="zero the mean of weights with log alpha >= 3 while training")
+parser.add_argument("--center", action="store_true", help="subtract the training set's mean image from the inputs")
+parser.add_argument("--reference", action="store_true", help="all three of the reference code's details: --train-clip --init reference --center")
 args = parser.parse_args()
+if args.reference:
+    args.train_clip, args.init, args.center = True, "reference", True
 
 epochs = 3 if args.quick else args.epochs
 x, y = mnist(args.data, train=True, subset=5000 if args.quick else None)
 x_test, y_test = mnist(args.data, train=False, subset=2000 if args.quick else None)
+if args.center:
+    mean_image = x.mean(0, keepdim=True)
+    x, x_test = x - mean_image, x_test - mean_image
 
 torch.manual_seed(args.seed)
 net = pyrobnn.LeNet300100() if args.net == "lenet300100" else pyrobnn.LeNet5()
-if args.init == "glorot":
+if args.init != "torch":
     for layer in net.modules():
-        if isinstance(layer, (torch.nn.Linear, torch.nn.Conv2d)):
+        if isinstance(layer, torch.nn.Linear) and args.init == "reference":
+            torch.nn.init.normal_(layer.weight, std=0.01)
+            torch.nn.init.zeros_(layer.bias)
+        elif isinstance(layer, (torch.nn.Linear, torch.nn.Conv2d)):
             torch.nn.init.xavier_uniform_(layer.weight)
             torch.nn.init.zeros_(layer.bias)
 model = pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood(), pyrobnn.LogUniformPrior(), random="weights")
-guide = pyrobnn.SparseVariationalDropout(model, init_log_sigma2=-10.0)
+guide = pyrobnn.SparseVariationalDropout(model, init_log_sigma2=-10.0, train_clip=3.0 if args.train_clip else None)
 
 
 def lr_schedule(t):  # t: fractional epoch
@@ -101,8 +120,10 @@ print(f"{args.net}: test error {error:.2f}% (published {pub['error']}%), exporte
 result = {"net": args.net, "epochs": len(history.epoch), "error": error, "exported_error": exported_error,
           "chance_error": 90.0, **report.as_dict(), "train_seconds": history.seconds[-1], "wall_seconds": time.perf_counter() - start}
 if args.results:
-    command = f"python examples/mnist_sparse_vd.py --net {args.net} --epochs {epochs} --seed {args.seed} --init {args.init}" + (" --quick" if args.quick else "")
-    name = f"sparse VD {args.net}" + (" (quick)" if args.quick else "")
+    command = (f"python examples/mnist_sparse_vd.py --net {args.net} --epochs {epochs} --seed {args.seed} --init {args.init}"
+               + (" --train-clip" if args.train_clip else "") + (" --center" if args.center else "") + (" --quick" if args.quick else ""))
+    details = [d for d, on in (("train clip", args.train_clip), (f"{args.init} init", args.init != "torch"), ("centered", args.center)) if on]
+    name = f"sparse VD {args.net}" + (f" ({', '.join(details)})" if details else "") + (" (quick)" if args.quick else "")
     record_results(args.results, [
         {"name": name, "metric": "test error %", "value": error, "published": pub["error"], "command": command, "epochs": len(history.epoch), "seed": args.seed, "train_seconds": history.seconds[-1]},
         {"name": name, "metric": "compression", "value": report.compression, "published": pub["compression"], "command": command, "epochs": len(history.epoch), "seed": args.seed},

@@ -293,12 +293,19 @@ class MultiplicativeNormal(Normal):
     eps = 1e-16
 
     @classmethod
-    def from_log_sigma2(cls, loc, log_sigma2, log_alpha_min=-8.0, log_alpha_max=8.0):
+    def from_log_sigma2(cls, loc, log_sigma2, log_alpha_min=-8.0, log_alpha_max=8.0, mean_clip=None):
+        r"""``mean_clip``: if given, the mean of every weight whose (clipped) :math:`\log\alpha`
+        is at least this value is zero, its variance unchanged: the family that Molchanov et
+        al.'s code trains (``train_clip``, at the pruning threshold 3), so that a weight about
+        to be pruned contributes only noise and pruning it at the end changes the mean network
+        by nothing."""
         log_theta2 = torch.log(loc * loc + cls.eps)
         log_alpha = torch.clamp(log_sigma2 - log_theta2, log_alpha_min, log_alpha_max)
         # Unclipped, the theta terms cancel and d(scale)/d(theta) = 0 exactly (additive
         # reparameterization); clipped, scale = sqrt(alpha_clip) |theta|.
         scale = torch.exp(0.5 * (log_alpha + log_theta2))
+        if mean_clip is not None:
+            loc = torch.where(log_alpha >= mean_clip, torch.zeros_like(loc), loc)
         return cls(loc, scale, log_alpha)
 
     @classmethod

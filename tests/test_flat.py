@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 import pyrobnn
+from pyrobnn.distributions import MultiplicativeNormal
 from pyrobnn.estimators import ESTIMATORS
+from pyrobnn.guides.base import site_key
 from pyrobnn.guides.mean_field import mean_field_normal_terms
 from pyrobnn.guides.variational_dropout import sparse_vd_terms
 from pyrobnn.infer import SplitELBO
@@ -81,7 +83,11 @@ def _fused_cases():
     torch.manual_seed(2)
     model, guide, _, _ = build("meanfield-normal")
     vd_model, vd_guide, _, _ = build("sparsevd-loguniform")
-    return [(model, guide), (vd_model, vd_guide)]
+    clipped = pyrobnn.SparseVariationalDropout(vd_model, train_clip=3.0)
+    with torch.no_grad():  # a third of the weights above the clip threshold
+        for key, log_sigma2 in clipped.log_sigma2.items():
+            log_sigma2.copy_(torch.where(torch.rand_like(log_sigma2) < 1 / 3, 5.0 + torch.log(clipped.theta[key] ** 2), log_sigma2))
+    return [(model, guide), (vd_model, vd_guide), (vd_model, clipped)]
 
 
 def test_fused_terms_equal_the_factor_and_the_registered_kl():
@@ -92,10 +98,28 @@ def test_fused_terms_equal_the_factor_and_the_registered_kl():
         for site in model.sites:
             prior = model.prior_distribution(site)
             fn, args = guide.fused_terms(site, base_distribution(prior))
-            scale, kl = fn(*args)
+            loc, scale, kl = fn(*args)
             q = guide.posterior(site)
+            assert torch.equal(loc, q.loc)
+            assert torch.equal(loc, guide.posterior_mean_of(site))
             assert torch.allclose(scale, q.scale)
             assert torch.allclose(kl, torch.distributions.kl_divergence(q.to_event(len(site.shape)), prior))
+
+
+def test_train_clip_zeroes_the_mean_above_the_threshold_and_keeps_the_variance():
+    model, clipped = _fused_cases()[2]
+    clipped_some = False
+    for site in model.sites:
+        key = site_key(site.name)
+        q = clipped.posterior(site)
+        plain = MultiplicativeNormal.from_log_sigma2(clipped.theta[key], clipped.log_sigma2[key])
+        above = q.log_alpha >= 3.0
+        clipped_some |= bool(above.any() and not above.all())
+        assert torch.all(q.loc[above] == 0)
+        assert torch.equal(q.loc[~above], plain.loc[~above])
+        assert torch.equal(q.scale, plain.scale)
+        assert torch.equal(q.log_alpha, plain.log_alpha)
+    assert clipped_some
 
 
 def test_compiled_fused_terms_match_eager():
@@ -104,9 +128,11 @@ def test_compiled_fused_terms_match_eager():
     for fn, args in (
         (mean_field_normal_terms, (torch.randn(5000), torch.randn(5000) * 4 - 3, 0.0, 0.5)),
         (sparse_vd_terms, (torch.randn(5000) * 0.1, torch.randn(5000) * 3 - 6, -8.0, 8.0)),
+        (sparse_vd_terms, (torch.randn(5000) * 0.1, torch.randn(5000) * 3 - 6, -8.0, 8.0, 3.0)),
     ):
-        scale, kl = fn(*args)
-        cscale, ckl = torch.compile(fn, dynamic=True)(*args)
+        loc, scale, kl = fn(*args)
+        cloc, cscale, ckl = torch.compile(fn, dynamic=True)(*args)
+        assert torch.equal(cloc, loc)
         assert torch.allclose(cscale, scale, rtol=1e-5, atol=1e-30)
         assert ckl.item() == pytest.approx(kl.item(), rel=1e-5)
 
@@ -118,3 +144,9 @@ def test_trainer_uses_the_flat_path_only_where_it_applies():
     assert pyrobnn.SVITrainer(model, guide, elbo=pyro.infer.Trace_ELBO()).flat is None
     auto = pyro.infer.autoguide.AutoNormal(model)
     assert pyrobnn.SVITrainer(model, auto).flat is None
+
+
+def test_train_clip_needs_a_per_weight_alpha():
+    model, _, _, _ = build("sparsevd-loguniform")
+    with pytest.raises(ValueError, match="train_clip needs a per-weight alpha"):
+        pyrobnn.VariationalDropout(model, alpha="unit", train_clip=3.0)

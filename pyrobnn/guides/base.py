@@ -76,8 +76,8 @@ class WeightGuide(nn.Module):
         raise NotImplementedError
 
     def fused_terms(self, site, prior):
-        """A pure function and its tensor arguments computing ``(scale, kl_sum)`` of a
-        Gaussian factor with mean :meth:`posterior_mean_of` together with its KL against
+        """A pure function and its tensor arguments computing ``(loc, scale, kl_sum)`` of a
+        Gaussian factor (``loc`` equal to :meth:`posterior_mean_of`) together with its KL against
         ``prior`` (the site's prior, batch shape ``site.shape``), or ``None`` where this
         guide has no such form for the pair. :class:`~pyrobnn.infer.flat.FlatELBO` uses it
         to compute a layer's moments and KL in one pass, compiled when asked; the function

@@ -14,10 +14,10 @@ __all__ = ["MeanFieldNormal", "mean_field_normal_terms"]
 
 
 def mean_field_normal_terms(loc, rho, prior_loc: float, prior_scale: float):
-    """``softplus(rho)`` and the summed KL of ``N(loc, softplus(rho)^2)`` against
+    """``loc``, ``softplus(rho)`` and the summed KL of ``N(loc, softplus(rho)^2)`` against
     ``N(prior_loc, prior_scale^2)``: the fused form of :class:`MeanFieldNormal`'s factor."""
     scale = softplus(rho)
-    return scale, normal_kl(loc, scale, prior_loc, prior_scale).sum()
+    return loc, scale, normal_kl(loc, scale, prior_loc, prior_scale).sum()
 
 
 class MeanFieldNormal(WeightGuide):

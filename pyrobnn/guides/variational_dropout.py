@@ -17,11 +17,12 @@ from pyrobnn.priors import LogUniformPrior
 __all__ = ["VariationalDropout", "SparseVariationalDropout", "GaussianDropout", "sparse_vd_terms"]
 
 
-def sparse_vd_terms(theta, log_sigma2, log_alpha_min: float, log_alpha_max: float):
-    """The scale of :meth:`MultiplicativeNormal.from_log_sigma2` and the summed log-uniform KL
-    approximation: the fused form of :class:`VariationalDropout`'s per-weight factor."""
-    q = MultiplicativeNormal.from_log_sigma2(theta, log_sigma2, log_alpha_min, log_alpha_max)
-    return q.scale, log_uniform_kl(q.log_alpha).sum()
+def sparse_vd_terms(theta, log_sigma2, log_alpha_min: float, log_alpha_max: float, mean_clip: Optional[float] = None):
+    """The mean and scale of :meth:`MultiplicativeNormal.from_log_sigma2` and the summed
+    log-uniform KL approximation: the fused form of :class:`VariationalDropout`'s per-weight
+    factor."""
+    q = MultiplicativeNormal.from_log_sigma2(theta, log_sigma2, log_alpha_min, log_alpha_max, mean_clip)
+    return q.loc, q.scale, log_uniform_kl(q.log_alpha).sum()
 
 
 class VariationalDropout(WeightGuide):
@@ -53,6 +54,10 @@ class VariationalDropout(WeightGuide):
         variance is computed from the clipped value, so samples and KL agree. Kingma et al.'s
         variational dropout limited :math:`\alpha \le 1` (``(-8, 0)``); sparsification needs
         large :math:`\alpha`.
+    :param train_clip: in ``"weight"`` mode, a :math:`\log\alpha` threshold at and above
+        which a weight's posterior mean is zero (its variance kept), during training as after
+        it; ``None`` (default) for the plain family. Molchanov et al.'s code trains with
+        ``train_clip`` at the pruning threshold 3 (not stated in the paper).
 
     Prune with :func:`pyrobnn.sparsity` (weights whose :math:`\log\alpha \ge 3`).
     """
@@ -66,12 +71,16 @@ class VariationalDropout(WeightGuide):
         init_log_sigma2: Optional[float] = None,
         init_log_alpha: Optional[float] = None,
         log_alpha_range=(-8.0, 8.0),
+        train_clip: Optional[float] = None,
     ):
         super().__init__(model)
         lo, hi = log_alpha_range
         if not lo < hi:
             raise ValueError(f"log_alpha_range must be increasing, got {log_alpha_range}")
         self.log_alpha_range = (float(lo), float(hi))
+        if train_clip is not None and alpha != "weight":
+            raise ValueError("train_clip needs a per-weight alpha (alpha='weight')")
+        self.train_clip = None if train_clip is None else float(train_clip)
         if isinstance(alpha, str):
             if alpha not in ("weight", "unit"):
                 raise ValueError(f"alpha must be 'weight', 'unit' or a positive float, got {alpha!r}")
@@ -125,7 +134,7 @@ class VariationalDropout(WeightGuide):
         key = site_key(site.name)
         theta = self.theta[key]
         if self.mode == "weight":
-            return MultiplicativeNormal.from_log_sigma2(theta, self.log_sigma2[key], *self.log_alpha_range)
+            return MultiplicativeNormal.from_log_sigma2(theta, self.log_sigma2[key], *self.log_alpha_range, mean_clip=self.train_clip)
         if self.mode == "unit":
             log_alpha = self._clip(self.log_alpha[key])
         else:
@@ -135,13 +144,15 @@ class VariationalDropout(WeightGuide):
         return GaussianUnitNoise(theta, site.unit_shape, log_alpha, prior=self.site_prior(site, theta))
 
     def posterior_mean_of(self, site):
+        if self.train_clip is not None:
+            return self.posterior(site).loc
         return self.theta[site_key(site.name)]
 
     def fused_terms(self, site, prior):
         if self.mode != "weight" or not isinstance(prior, LogUniform):
             return None
         key = site_key(site.name)
-        return sparse_vd_terms, (self.theta[key], self.log_sigma2[key], *self.log_alpha_range)
+        return sparse_vd_terms, (self.theta[key], self.log_sigma2[key], *self.log_alpha_range, self.train_clip)
 
 
 class SparseVariationalDropout(VariationalDropout):
@@ -150,8 +161,8 @@ class SparseVariationalDropout(VariationalDropout):
     :class:`~pyrobnn.priors.LogUniformPrior` and local reparameterization; weights with
     :math:`\log\alpha \ge 3` are pruned."""
 
-    def __init__(self, model, init_log_sigma2: float = -10.0, log_alpha_range=(-8.0, 8.0)):
-        super().__init__(model, "weight", init_log_sigma2=init_log_sigma2, log_alpha_range=log_alpha_range)
+    def __init__(self, model, init_log_sigma2: float = -10.0, log_alpha_range=(-8.0, 8.0), train_clip: Optional[float] = None):
+        super().__init__(model, "weight", init_log_sigma2=init_log_sigma2, log_alpha_range=log_alpha_range, train_clip=train_clip)
 
 
 class GaussianDropout(VariationalDropout):

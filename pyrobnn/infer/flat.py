@@ -119,8 +119,8 @@ class FlatELBO:
                 results = self._compiled[fn]([args for _, args in members])
             else:
                 results = [fn(*args) for _, args in members]
-            for (site, args), (scale, kl) in zip(members, results):
-                out[site.name] = (args[0], scale, kl)
+            for (site, _), terms in zip(members, results):
+                out[site.name] = terms
         return out
 
     def _particle(self, x, y, dataset_size):
