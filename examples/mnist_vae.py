@@ -51,7 +51,7 @@ vae = VAE(784, 20, hidden=(500, 500))
 history = fit_vae(vae, x, epochs=epochs, batch_size=100, lr=1e-3, seed=args.seed, checkpoint=args.checkpoint, resume=args.checkpoint is not None)
 torch.manual_seed(args.seed)
 elbo = elbo_per_example(vae, x_test_binary, num_samples=100).mean().item()
-log_lik = importance_log_likelihood(vae, x_test_binary, num_samples=samples).mean().item()
+log_lik = importance_log_likelihood(vae, x_test_binary, num_samples=samples, progress=True).mean().item()
 # a baseline with independent pixels at the training frequencies: what "better than chance" means here
 p = x.mean(0).clamp(1e-3, 1 - 1e-3)
 independent = torch.distributions.Bernoulli(probs=p).log_prob(x_test_binary).sum(-1).mean().item()
