@@ -49,7 +49,7 @@ parser.add_argument("--init", choices=("torch", "glorot", "reference"), default=
                     help="initial weights: PyTorch's layer defaults; Glorot-uniform weights and zero biases everywhere; "
                          "or the reference code's (dense N(0, 0.01^2), convolutions Glorot-uniform, zero biases)")
 parser.add_argument("--train-clip", action="store_true", help="zero the mean of weights with log alpha >= 3 while training")
-parser.add_argument("--center", action="store_true", help="subtract the training set's mean image from the inputs")
+parser.add_argument("--center", action="store_true", help="subtract the training set's mean image from the inputs (the exported net then expects centered inputs)")
 parser.add_argument("--reference", action="store_true", help="all three of the reference code's details: --train-clip --init reference --center")
 args = parser.parse_args()
 if args.reference:

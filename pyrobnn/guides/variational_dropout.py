@@ -57,7 +57,7 @@ class VariationalDropout(WeightGuide):
     :param train_clip: in ``"weight"`` mode, a :math:`\log\alpha` threshold at and above
         which a weight's posterior mean is zero (its variance kept), during training as after
         it; ``None`` (default) for the plain family. Molchanov et al.'s code trains with
-        ``train_clip`` at the pruning threshold 3 (not stated in the paper).
+        ``train_clip`` at the pruning threshold 3 (a detail of the code).
 
     Prune with :func:`pyrobnn.sparsity` (weights whose :math:`\log\alpha \ge 3`).
     """
