@@ -8,15 +8,15 @@ Recipe of the reference code: log-uniform prior on every weight (biases are poin
 parameters), per-weight alpha with the additive reparameterization (log sigma^2 starts at
 -10), log alpha clipped to [-8, 8], local reparameterization, Adam lr 1e-3 at batch 100 for
 200 epochs (LeNet-300-100: constant to epoch 100, then linear to 0), KL weight 0 for 5 epochs
-and then linear to 1 at epoch 20. At the end, weights with log alpha >= 3 are zeroed and the
+and then linear to 1 at epoch 20, and the reference code's train-time clipping: the mean of a
+weight with log alpha >= 3 is zero during training too, its noise kept (``--no-train-clip``
+trains the plain family instead). At the end, weights with log alpha >= 3 are zeroed and the
 network at the pruned posterior mean is evaluated and exported as a plain ``nn.Module``.
 
-Three further details of the reference code (bayesgroup/variational-dropout-sparsifies-dnn,
-``svdo-lasagne``), off by default and switched on by ``--reference``: ``--train-clip`` (the
-mean of a weight with log alpha >= 3 is zero during training too, its noise kept),
-``--init reference`` (dense weights N(0, 0.01^2), convolutions Glorot-uniform, zero biases:
-what its layers end up with) and ``--center`` (the training set's mean image subtracted from
-every input).
+Two further details of the reference code (bayesgroup/variational-dropout-sparsifies-dnn,
+``svdo-lasagne``), off by default and switched on by ``--reference``: ``--init reference``
+(dense weights N(0, 0.01^2), convolutions Glorot-uniform, zero biases: what its layers end up
+with) and ``--center`` (the training set's mean image subtracted from every input).
 
 Training checkpoints every epoch; rerunning the same command resumes where it stopped.
 MNIST is read from ``--data`` (default $PYROBNN_DATA) and copied to a cache, never written to.
@@ -48,9 +48,10 @@ parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--init", choices=("torch", "glorot", "reference"), default="torch",
                     help="initial weights: PyTorch's layer defaults; Glorot-uniform weights and zero biases everywhere; "
                          "or the reference code's (dense N(0, 0.01^2), convolutions Glorot-uniform, zero biases)")
-parser.add_argument("--train-clip", action="store_true", help="zero the mean of weights with log alpha >= 3 while training")
+parser.add_argument("--train-clip", action=argparse.BooleanOptionalAction, default=True,
+                    help="zero the mean of weights with log alpha >= 3 while training, as the reference code does (default); --no-train-clip for the plain family")
 parser.add_argument("--center", action="store_true", help="subtract the training set's mean image from the inputs (the exported net then expects centered inputs)")
-parser.add_argument("--reference", action="store_true", help="all three of the reference code's details: --train-clip --init reference --center")
+parser.add_argument("--reference", action="store_true", help="the reference code's other details too: --train-clip --init reference --center")
 args = parser.parse_args()
 if args.reference:
     args.train_clip, args.init, args.center = True, "reference", True
@@ -121,8 +122,8 @@ result = {"net": args.net, "epochs": len(history.epoch), "error": error, "export
           "chance_error": 90.0, **report.as_dict(), "train_seconds": history.seconds[-1], "wall_seconds": time.perf_counter() - start}
 if args.results:
     command = (f"python examples/mnist_sparse_vd.py --net {args.net} --epochs {epochs} --seed {args.seed} --init {args.init}"
-               + (" --train-clip" if args.train_clip else "") + (" --center" if args.center else "") + (" --quick" if args.quick else ""))
-    details = [d for d, on in (("train clip", args.train_clip), (f"{args.init} init", args.init != "torch"), ("centered", args.center)) if on]
+               + ("" if args.train_clip else " --no-train-clip") + (" --center" if args.center else "") + (" --quick" if args.quick else ""))
+    details = [d for d, on in (("no train clip", not args.train_clip), (f"{args.init} init", args.init != "torch"), ("centered", args.center)) if on]
     name = f"sparse VD {args.net}" + (f" ({', '.join(details)})" if details else "") + (" (quick)" if args.quick else "")
     record_results(args.results, [
         {"name": name, "metric": "test error %", "value": error, "published": pub["error"], "command": command, "epochs": len(history.epoch), "seed": args.seed, "train_seconds": history.seconds[-1]},
