@@ -1,7 +1,7 @@
 """A variational autoencoder on MNIST in Pyro (Kingma & Welling 2014): encoder and decoder
 2 x 500, 20 latent dimensions, Bernoulli likelihood, dynamically binarized training images.
 
-    python examples/mnist_vae.py --checkpoint runs/vae.pt --out runs/vae     # 200 epochs
+    python examples/mnist_vae.py --checkpoint runs/vae.pt --out runs/vae     # 300 epochs
     python examples/mnist_vae.py --quick --out vae                           # CI, under a minute
 
 Reports the test ELBO and the importance-sampled test log-likelihood with 5000 samples per
@@ -28,7 +28,7 @@ PUBLISHED_LL = -86.76  # Burda et al. 2016, VAE with one stochastic layer, k = 5
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--data", default=None, help="folder holding MNIST/raw (default $PYROBNN_DATA)")
-parser.add_argument("--epochs", type=int, default=200)
+parser.add_argument("--epochs", type=int, default=300)
 parser.add_argument("--samples", type=int, default=5000, help="importance samples per test image")
 parser.add_argument("--test-images", type=int, default=None, help="evaluate on this many test images (default all)")
 parser.add_argument("--quick", action="store_true", help="10,000 images, 3 epochs, 500 test images, 200 samples (CI)")
