@@ -4,14 +4,15 @@
     python examples/mnist_sparse_vd.py --net lenet5 --checkpoint runs/svd5.pt
     python examples/mnist_sparse_vd.py --quick                                         # CI, a minute
 
-Recipe of the reference code: log-uniform prior on every weight (biases are point
-parameters), per-weight alpha with the additive reparameterization (log sigma^2 starts at
--10), log alpha clipped to [-8, 8], local reparameterization, Adam lr 1e-3 at batch 100 for
-200 epochs (LeNet-300-100: constant to epoch 100, then linear to 0), KL weight 0 for 5 epochs
-and then linear to 1 at epoch 20, and the reference code's train-time clipping: the mean of a
-weight with log alpha >= 3 is zero during training too, its noise kept (``--no-train-clip``
-trains the plain family instead). At the end, weights with log alpha >= 3 are zeroed and the
-network at the pruned posterior mean is evaluated and exported as a plain ``nn.Module``.
+Recipe of the reference code: log-uniform prior on every weight (biases are point parameters),
+per-weight alpha with the additive reparameterization (log sigma^2 starts at -10), log alpha
+clipped to [-8, 8], local reparameterization, Adam lr 1e-3 at batch 100 for 200 epochs
+(LeNet-300-100: constant to epoch 100, then linear to 0; LeNet-5: linear to 0 from the start),
+KL weight 0 for 5 epochs and then linear to 1 at epoch 20, and the reference code's train-time
+clipping: the mean of a weight with log alpha >= 3 is zero during training too, its noise kept
+(``--no-train-clip`` trains the plain family instead). At the end, weights with log alpha >= 3
+are zeroed and the network at the pruned posterior mean is evaluated and exported as a plain
+``nn.Module``.
 
 Two further details of the reference code (bayesgroup/variational-dropout-sparsifies-dnn,
 ``svdo-lasagne``), off by default and switched on by ``--reference``: ``--init reference``
@@ -76,9 +77,13 @@ model = pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood(), pyrobnn.LogU
 guide = pyrobnn.SparseVariationalDropout(model, init_log_sigma2=-10.0, train_clip=3.0 if args.train_clip else None)
 
 
-def lr_schedule(t):  # t: fractional epoch
-    if args.net != "lenet300100" or args.quick:
+def lr_schedule(t):
+    """Factor on the learning rate at fractional epoch t, as in the reference code: LeNet-300-100
+    constant for the first half, then linear to 0; LeNet-5 linear to 0 from the start."""
+    if args.quick:
         return 1.0
+    if args.net == "lenet5":
+        return max(0.0, (epochs - t) / epochs)
     half = epochs / 2
     return 1.0 if t < half else max(0.0, (epochs - t) / half)
 
