@@ -5,8 +5,11 @@ prior and a mean-field Normal posterior, then the signal-to-noise pruning table.
     python examples/mnist_bbb.py --quick                           # CI, under a minute
 
 Recipe: pixels divided by 126 (as in the paper), prior
-pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2) with pi = 1/2, -log sigma1 = 0, -log sigma2 = 6
-(within the paper's grid), one weight sample per minibatch of 128, Monte Carlo KL
+pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2) with pi = 1/2, -log sigma1 = 0, -log sigma2 = 6 by
+default (``--pi``, ``--neg-log-sigma1``, ``--neg-log-sigma2`` choose another point of the paper's
+grid: pi in {1/4, 1/2, 3/4}, -log sigma1 in {0, 1, 2}, -log sigma2 in {6, 7, 8}; the paper chose
+on a validation set, which ``--validation N`` holds out: the last N training images, its error
+shown beside the test error), one weight sample per minibatch of 128, Monte Carlo KL
 (``Trace_ELBO``), Adam lr 1e-3. Test error is that of the posterior-mean network; pruning
 removes the weights with the lowest |mu| / sigma over the whole network.
 
@@ -36,29 +39,42 @@ parser.add_argument("--quick", action="store_true", help="5000 images, 3 epochs 
 parser.add_argument("--checkpoint", default=None, help="save every epoch to / resume from this file")
 parser.add_argument("--results", default=None, help="merge the figures into this JSON list")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--pi", type=float, default=0.5, help="weight of the wide component of the prior")
+parser.add_argument("--neg-log-sigma1", type=float, default=0.0, help="-log of the wide component's scale")
+parser.add_argument("--neg-log-sigma2", type=float, default=6.0, help="-log of the narrow component's scale")
+parser.add_argument("--validation", type=int, default=0, help="hold out the last N training images and report their error")
 args = parser.parse_args()
 
 epochs = 3 if args.quick else args.epochs
 x, y = mnist(args.data, train=True, subset=5000 if args.quick else None)
 x_test, y_test = mnist(args.data, train=False, subset=2000 if args.quick else None)
 x, x_test = x * (255.0 / 126.0), x_test * (255.0 / 126.0)
+if not 0 <= args.validation < len(x):
+    parser.error(f"--validation must be in [0, {len(x)}), got {args.validation}")
+x_val, y_val = x[len(x) - args.validation:], y[len(x) - args.validation:]
+x, y = x[:len(x) - args.validation], y[:len(y) - args.validation]
 
 torch.manual_seed(args.seed)
 net = pyrobnn.MLP(784, 10, hidden=(args.hidden, args.hidden))
-prior = pyrobnn.ScaleMixturePrior(mixture_weight=0.5, scale1=math.exp(0), scale2=math.exp(-6))
+prior = pyrobnn.ScaleMixturePrior(mixture_weight=args.pi, scale1=math.exp(-args.neg_log_sigma1), scale2=math.exp(-args.neg_log_sigma2))
 model = pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood(), prior)
 guide = pyrobnn.MeanFieldNormal(model)
 
 
-def error_of(g):
-    probs = pyrobnn.predict(model, g, x_test.reshape(-1, 784), method="mean", batch_size=2000).probs
-    return 100.0 * (1.0 - accuracy(probs, y_test))
+def error_of(g, images=x_test, labels=y_test):
+    probs = pyrobnn.predict(model, g, images.reshape(-1, 784), method="mean", batch_size=2000).probs
+    return 100.0 * (1.0 - accuracy(probs, labels))
+
+
+def progress(trainer, epoch):
+    shown = {"val_err": error_of(guide, x_val, y_val)} if args.validation else {}
+    return {**shown, "test_err": error_of(guide)}
 
 
 history = pyrobnn.fit(
     model, guide, x.reshape(-1, 784), y, epochs=epochs, batch_size=128, lr=1e-3, elbo="trace",
     checkpoint=args.checkpoint, resume=args.checkpoint is not None, seed=args.seed,
-    callback=lambda trainer, epoch: {"test_err": error_of(guide)},
+    callback=progress,
 )
 table = {}
 for fraction in PUBLISHED_PRUNING:
@@ -72,10 +88,15 @@ for fraction, err in table.items():
 print(f"BBB 2 x {args.hidden}: posterior-mean test error {table[0.0]:.2f}% (published {PUBLISHED_ERROR}%), "
       f"10-sample predictive {sampled_error:.2f}%, {len(history.epoch)} epochs, {history.seconds[-1]:.0f} s")
 result = {"hidden": args.hidden, "epochs": len(history.epoch), "error": table[0.0], "sampled_error": sampled_error,
-          "pruning": {str(k): v for k, v in table.items()}, "chance_error": 90.0, "train_seconds": history.seconds[-1]}
+          "pruning": {str(k): v for k, v in table.items()}, "chance_error": 90.0, "train_seconds": history.seconds[-1],
+          "prior": {"pi": args.pi, "neg_log_sigma1": args.neg_log_sigma1, "neg_log_sigma2": args.neg_log_sigma2},
+          "validation_images": args.validation, "validation_error": error_of(guide, x_val, y_val) if args.validation else None}
 if args.results:
-    command = f"python examples/mnist_bbb.py --epochs {epochs} --hidden {args.hidden} --seed {args.seed}" + (" --quick" if args.quick else "")
-    name = f"Bayes by Backprop 2 x {args.hidden}" + (" (quick)" if args.quick else "")
+    prior_flags = f"--pi {args.pi:g} --neg-log-sigma1 {args.neg_log_sigma1:g} --neg-log-sigma2 {args.neg_log_sigma2:g}"
+    command = (f"python examples/mnist_bbb.py --epochs {epochs} --hidden {args.hidden} --seed {args.seed} {prior_flags}"
+               + (f" --validation {args.validation}" if args.validation else "") + (" --quick" if args.quick else ""))
+    name = (f"Bayes by Backprop 2 x {args.hidden}" + (f" (prior {prior_flags})" if prior_flags != "--pi 0.5 --neg-log-sigma1 0 --neg-log-sigma2 6" else "")
+            + (f" ({args.validation} images held out)" if args.validation else "") + (" (quick)" if args.quick else ""))
     entries = [{"name": name, "metric": "test error %", "value": table[0.0], "published": PUBLISHED_ERROR, "command": command, "epochs": len(history.epoch), "seed": args.seed, "train_seconds": history.seconds[-1]}]
     entries += [{"name": name, "metric": f"test error % with {100 * f:.0f}% of weights removed by SNR", "value": e, "published": PUBLISHED_PRUNING[f], "command": command, "epochs": len(history.epoch), "seed": args.seed} for f, e in table.items() if f > 0]
     record_results(args.results, entries)

@@ -42,8 +42,11 @@ def test_sparse_vd_quick_prunes_and_exports(mnist_data, tmp_path):
 
 
 def test_bbb_quick_and_snr_pruning(mnist_data, tmp_path):
-    r = run_example("mnist_bbb.py", [], mnist_data, tmp_path)
+    r = run_example("mnist_bbb.py", ["--validation", "1000", "--results", "results.json"], mnist_data, tmp_path)
     assert r["error"] < 30.0
+    assert r["validation_images"] == 1000 and r["validation_error"] < 30.0  # held out of the 5000 training images
+    records = json.load(open(tmp_path / "results.json"))
+    assert all("--validation 1000" in e["command"] and "--pi 0.5 --neg-log-sigma1 0 --neg-log-sigma2 6" in e["command"] for e in records)
     # removing half the weights by signal-to-noise hardly matters even this early
     assert r["pruning"]["0.5"] < r["error"] + 3.0
 
