@@ -10,7 +10,8 @@ default (``--pi``, ``--neg-log-sigma1``, ``--neg-log-sigma2`` choose another poi
 grid: pi in {1/4, 1/2, 3/4}, -log sigma1 in {0, 1, 2}, -log sigma2 in {6, 7, 8}; the paper chose
 on a validation set, which ``--validation N`` holds out: the last N training images, its error
 shown beside the test error), one weight sample per minibatch of 128, Monte Carlo KL
-(``Trace_ELBO``), Adam lr 1e-3. Test error is that of the posterior-mean network; pruning
+(``Trace_ELBO``), Adam lr 1e-3 (``--optimizer sgd`` for the paper's plain SGD, its learning rate
+given for the paper's minibatch cost KL / M + summed minibatch NLL). Test error is that of the posterior-mean network; pruning
 removes the weights with the lowest |mu| / sigma over the whole network.
 
 Training checkpoints every epoch; rerunning the same command resumes where it stopped.
@@ -42,6 +43,8 @@ parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--pi", type=float, default=0.5, help="weight of the wide component of the prior")
 parser.add_argument("--neg-log-sigma1", type=float, default=0.0, help="-log of the wide component's scale")
 parser.add_argument("--neg-log-sigma2", type=float, default=6.0, help="-log of the narrow component's scale")
+parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate, or SGD's on the paper's minibatch cost")
 parser.add_argument("--validation", type=int, default=0, help="hold out the last N training images and report their error")
 args = parser.parse_args()
 
@@ -61,6 +64,12 @@ model = pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood(), prior)
 guide = pyrobnn.MeanFieldNormal(model)
 
 
+batches = math.ceil(len(x) / 128)
+# pyrobnn's loss is the full-data estimate N / B * (minibatch NLL) + KL, M = N / B times the
+# paper's minibatch cost, so plain SGD on it takes lr / M to make the paper's steps
+optimizer = None if args.optimizer == "adam" else (lambda params: torch.optim.SGD(params, lr=args.lr / batches))
+
+
 def error_of(g, images=x_test, labels=y_test):
     probs = pyrobnn.predict(model, g, images.reshape(-1, 784), method="mean", batch_size=2000).probs
     return 100.0 * (1.0 - accuracy(probs, labels))
@@ -72,7 +81,7 @@ def progress(trainer, epoch):
 
 
 history = pyrobnn.fit(
-    model, guide, x.reshape(-1, 784), y, epochs=epochs, batch_size=128, lr=1e-3, elbo="trace",
+    model, guide, x.reshape(-1, 784), y, epochs=epochs, batch_size=128, lr=args.lr, optimizer=optimizer, elbo="trace",
     checkpoint=args.checkpoint, resume=args.checkpoint is not None, seed=args.seed,
     callback=progress,
 )
@@ -92,10 +101,10 @@ result = {"hidden": args.hidden, "epochs": len(history.epoch), "error": table[0.
           "prior": {"pi": args.pi, "neg_log_sigma1": args.neg_log_sigma1, "neg_log_sigma2": args.neg_log_sigma2},
           "validation_images": args.validation, "validation_error": error_of(guide, x_val, y_val) if args.validation else None}
 if args.results:
-    prior_flags = f"--pi {args.pi:g} --neg-log-sigma1 {args.neg_log_sigma1:g} --neg-log-sigma2 {args.neg_log_sigma2:g}"
-    command = (f"python examples/mnist_bbb.py --epochs {epochs} --hidden {args.hidden} --seed {args.seed} {prior_flags}"
+    settings = f"--optimizer {args.optimizer} --lr {args.lr:g} --pi {args.pi:g} --neg-log-sigma1 {args.neg_log_sigma1:g} --neg-log-sigma2 {args.neg_log_sigma2:g}"
+    command = (f"python examples/mnist_bbb.py --epochs {epochs} --hidden {args.hidden} --seed {args.seed} {settings}"
                + (f" --validation {args.validation}" if args.validation else "") + (" --quick" if args.quick else ""))
-    name = (f"Bayes by Backprop 2 x {args.hidden}" + (f" (prior {prior_flags})" if prior_flags != "--pi 0.5 --neg-log-sigma1 0 --neg-log-sigma2 6" else "")
+    name = (f"Bayes by Backprop 2 x {args.hidden}" + (f" ({settings})" if settings != "--optimizer adam --lr 0.001 --pi 0.5 --neg-log-sigma1 0 --neg-log-sigma2 6" else "")
             + (f" ({args.validation} images held out)" if args.validation else "") + (" (quick)" if args.quick else ""))
     entries = [{"name": name, "metric": "test error %", "value": table[0.0], "published": PUBLISHED_ERROR, "command": command, "epochs": len(history.epoch), "seed": args.seed, "train_seconds": history.seconds[-1]}]
     entries += [{"name": name, "metric": f"test error % with {100 * f:.0f}% of weights removed by SNR", "value": e, "published": PUBLISHED_PRUNING[f], "command": command, "epochs": len(history.epoch), "seed": args.seed} for f, e in table.items() if f > 0]
