@@ -4,15 +4,16 @@ prior and a mean-field Normal posterior, then the signal-to-noise pruning table.
     python examples/mnist_bbb.py --checkpoint runs/bbb.pt          # 600 epochs (the paper's "at least")
     python examples/mnist_bbb.py --quick                           # CI, under a minute
 
-Recipe: pixels divided by 126 (as in the paper), prior
-pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2) with pi = 1/2, -log sigma1 = 0, -log sigma2 = 6 by
-default (``--pi``, ``--neg-log-sigma1``, ``--neg-log-sigma2`` choose another point of the paper's
-grid: pi in {1/4, 1/2, 3/4}, -log sigma1 in {0, 1, 2}, -log sigma2 in {6, 7, 8}; the paper chose
-on a validation set, which ``--validation N`` holds out: the last N training images, its error
-shown beside the test error), one weight sample per minibatch of 128, Monte Carlo KL
-(``Trace_ELBO``), Adam lr 1e-3 (``--optimizer sgd`` for the paper's plain SGD, its learning rate
-given for the paper's minibatch cost KL / M + summed minibatch NLL). Test error is that of the posterior-mean network; pruning
-removes the weights with the lowest |mu| / sigma over the whole network.
+Recipe: pixels divided by 126 (as in the paper), prior pi N(0, sigma1^2) + (1 - pi)
+N(0, sigma2^2) with pi = 1/2, -log sigma1 = 0, -log sigma2 = 6 by default (``--pi``,
+``--neg-log-sigma1``, ``--neg-log-sigma2`` choose another point of the paper's grid: pi in
+{1/4, 1/2, 3/4}, -log sigma1 in {0, 1, 2}, -log sigma2 in {6, 7, 8}; the paper chose on a
+validation set, which ``--validation N`` holds out: the last N training images, its error shown
+beside the test error), one weight sample per minibatch of 128, Monte Carlo KL
+(``Trace_ELBO``), Adam lr 1e-3 (``--optimizer sgd`` for the paper's plain SGD, its learning
+rate given for the paper's minibatch cost KL / M + summed minibatch NLL). Test error is that of
+the posterior-mean network; pruning removes the weights with the lowest |mu| / sigma over the
+whole network.
 
 Training checkpoints every epoch; rerunning the same command resumes where it stopped.
 """
@@ -98,7 +99,7 @@ print(f"BBB 2 x {args.hidden}: posterior-mean test error {table[0.0]:.2f}% (publ
       f"10-sample predictive {sampled_error:.2f}%, {len(history.epoch)} epochs, {history.seconds[-1]:.0f} s")
 result = {"hidden": args.hidden, "epochs": len(history.epoch), "error": table[0.0], "sampled_error": sampled_error,
           "pruning": {str(k): v for k, v in table.items()}, "chance_error": 90.0, "train_seconds": history.seconds[-1],
-          "prior": {"pi": args.pi, "neg_log_sigma1": args.neg_log_sigma1, "neg_log_sigma2": args.neg_log_sigma2},
+          "optimizer": args.optimizer, "lr": args.lr, "prior": {"pi": args.pi, "neg_log_sigma1": args.neg_log_sigma1, "neg_log_sigma2": args.neg_log_sigma2},
           "validation_images": args.validation, "validation_error": error_of(guide, x_val, y_val) if args.validation else None}
 if args.results:
     settings = f"--optimizer {args.optimizer} --lr {args.lr:g} --pi {args.pi:g} --neg-log-sigma1 {args.neg_log_sigma1:g} --neg-log-sigma2 {args.neg_log_sigma2:g}"
