@@ -28,7 +28,7 @@ import pyrobnn
 from pyrobnn import sparsity
 from pyrobnn.data import mnist
 from pyrobnn.io import record_results
-from pyrobnn.metrics import accuracy
+from pyrobnn.metrics import error_percent
 
 PUBLISHED_ERROR = 1.36  # 400 units, scale-mixture prior (Table 1)
 PUBLISHED_PRUNING = {0.0: 1.24, 0.5: 1.24, 0.75: 1.24, 0.95: 1.29, 0.98: 1.39}  # 1200 units (Table 2)
@@ -55,8 +55,8 @@ x_test, y_test = mnist(args.data, train=False, subset=2000 if args.quick else No
 x, x_test = x * (255.0 / 126.0), x_test * (255.0 / 126.0)
 if not 0 <= args.validation < len(x):
     parser.error(f"--validation must be in [0, {len(x)}), got {args.validation}")
-x_val, y_val = x[len(x) - args.validation:], y[len(x) - args.validation:]
-x, y = x[:len(x) - args.validation], y[:len(y) - args.validation]
+n_train = len(x) - args.validation
+x, y, x_val, y_val = x[:n_train], y[:n_train], x[n_train:], y[n_train:]
 
 torch.manual_seed(args.seed)
 net = pyrobnn.MLP(784, 10, hidden=(args.hidden, args.hidden))
@@ -73,7 +73,7 @@ optimizer = None if args.optimizer == "adam" else (lambda params: torch.optim.SG
 
 def error_of(g, images=x_test, labels=y_test):
     probs = pyrobnn.predict(model, g, images.reshape(-1, 784), method="mean", batch_size=2000).probs
-    return 100.0 * (1.0 - accuracy(probs, labels))
+    return error_percent(probs, labels)
 
 
 def progress(trainer, epoch):
@@ -90,7 +90,7 @@ table = {}
 for fraction in PUBLISHED_PRUNING:
     table[fraction] = error_of(sparsity.PrunedGuide(guide, sparsity.masks_by_snr(guide, fraction)))
 sampled = pyrobnn.predict(model, guide, x_test.reshape(-1, 784), num_samples=10, batch_size=2000, seed=0)
-sampled_error = 100.0 * (1.0 - sampled.accuracy(y_test))
+sampled_error = error_percent(sampled.probs, y_test)
 
 print(f"{'removed':>8s} | {'test error %':>12s} | published (1200 units)")
 for fraction, err in table.items():
@@ -105,7 +105,8 @@ if args.results:
     settings = f"--optimizer {args.optimizer} --lr {args.lr:g} --pi {args.pi:g} --neg-log-sigma1 {args.neg_log_sigma1:g} --neg-log-sigma2 {args.neg_log_sigma2:g}"
     command = (f"python examples/mnist_bbb.py --epochs {epochs} --hidden {args.hidden} --seed {args.seed} {settings}"
                + (f" --validation {args.validation}" if args.validation else "") + (" --quick" if args.quick else ""))
-    name = (f"Bayes by Backprop 2 x {args.hidden}" + (f" ({settings})" if settings != "--optimizer adam --lr 0.001 --pi 0.5 --neg-log-sigma1 0 --neg-log-sigma2 6" else "")
+    tuned = any(getattr(args, k) != parser.get_default(k) for k in ("optimizer", "lr", "pi", "neg_log_sigma1", "neg_log_sigma2"))
+    name = (f"Bayes by Backprop 2 x {args.hidden}" + (f" ({settings})" if tuned else "")
             + (f" ({args.validation} images held out)" if args.validation else "") + (" (quick)" if args.quick else ""))
     entries = [{"name": name, "metric": "test error %", "value": table[0.0], "published": PUBLISHED_ERROR, "command": command, "epochs": len(history.epoch), "seed": args.seed, "train_seconds": history.seconds[-1]}]
     entries += [{"name": name, "metric": f"test error % with {100 * f:.0f}% of weights removed by SNR", "value": e, "published": PUBLISHED_PRUNING[f], "command": command, "epochs": len(history.epoch), "seed": args.seed} for f, e in table.items() if f > 0]

@@ -33,6 +33,7 @@ import pyrobnn
 from pyrobnn import sparsity
 from pyrobnn.data import mnist
 from pyrobnn.io import atomic_save, record_results
+from pyrobnn.metrics import error_percent
 
 PUBLISHED = {"lenet300100": {"error": 1.92, "compression": 68}, "lenet5": {"error": 0.75, "compression": 280}}
 
@@ -88,14 +89,8 @@ def lr_schedule(t):
     return 1.0 if t < half else max(0.0, (epochs - t) / half)
 
 
-def percent_wrong(scores):
-    """Test error in percent from class scores, as a count of mistakes (so that equal
-    predictions give bit-equal errors)."""
-    return 100.0 * int((scores.argmax(-1) != y_test).sum()) / len(y_test)
-
-
 def error_of(g):
-    return percent_wrong(pyrobnn.predict(model, g, x_test, method="mean", batch_size=1000).probs)
+    return error_percent(pyrobnn.predict(model, g, x_test, method="mean", batch_size=1000).probs, y_test)
 
 
 def progress(trainer, epoch):
@@ -117,7 +112,7 @@ report = sparsity.report(guide, masks)
 error = error_of(pruned)
 exported = sparsity.export(model, pruned)
 with torch.no_grad():
-    exported_error = percent_wrong(exported(x_test))
+    exported_error = error_percent(exported(x_test), y_test)
 if args.export:
     atomic_save(exported.state_dict(), args.export)
 

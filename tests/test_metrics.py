@@ -66,3 +66,15 @@ def test_entropy_and_mutual_information_identities():
     assert split.entropy.item() == pytest.approx(math.log(2))
     assert split.mutual_information.item() == pytest.approx(math.log(2))
     assert split.expected_entropy.item() == pytest.approx(0.0)
+
+
+def test_error_percent_counts_mistakes_exactly():
+    y = torch.arange(1000) % 10
+    scores = torch.nn.functional.one_hot(y, 10).double()
+    scores[:309] = scores[:309].roll(1, dims=-1)  # 309 mistakes
+    assert metrics.error_percent(scores, y) == 30.9  # 100 * (1 - accuracy) gives 30.900000000000006
+    assert metrics.error_percent(scores.log_softmax(-1), y) == 30.9  # logits give the same
+    with pytest.raises(ValueError, match="one row of class scores per label"):
+        metrics.error_percent(scores[:10], y)
+    with pytest.raises(ValueError, match="one row of class scores per label"):
+        metrics.error_percent(scores[:0], y[:0])
