@@ -47,6 +47,9 @@ parser.add_argument("--neg-log-sigma2", type=float, default=6.0, help="-log of t
 parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
 parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate, or SGD's on the paper's minibatch cost")
 parser.add_argument("--validation", type=int, default=0, help="hold out the last N training images and report their error")
+parser.add_argument("--estimator", choices=("weight", "local", "flipout"), default="weight",
+                    help="gradient estimator of the likelihood term: one weight sample per minibatch (the paper's), "
+                    "local reparameterization or flipout (same objective, lower variance)")
 args = parser.parse_args()
 
 epochs = 3 if args.quick else args.epochs
@@ -83,6 +86,7 @@ def progress(trainer, epoch):
 
 history = pyrobnn.fit(
     model, guide, x.reshape(-1, 784), y, epochs=epochs, batch_size=128, lr=args.lr, optimizer=optimizer, elbo="trace",
+    estimator=None if args.estimator == "weight" else args.estimator,
     checkpoint=args.checkpoint, resume=args.checkpoint is not None, seed=args.seed,
     callback=progress,
 )
@@ -100,12 +104,12 @@ print(f"BBB 2 x {args.hidden}: posterior-mean test error {table[0.0]:.2f}% (publ
 result = {"hidden": args.hidden, "epochs": len(history.epoch), "error": table[0.0], "sampled_error": sampled_error,
           "pruning": {str(k): v for k, v in table.items()}, "chance_error": 90.0, "train_seconds": history.seconds[-1],
           "optimizer": args.optimizer, "lr": args.lr, "prior": {"pi": args.pi, "neg_log_sigma1": args.neg_log_sigma1, "neg_log_sigma2": args.neg_log_sigma2},
-          "validation_images": args.validation, "validation_error": error_of(guide, x_val, y_val) if args.validation else None}
+          "estimator": args.estimator, "validation_images": args.validation, "validation_error": error_of(guide, x_val, y_val) if args.validation else None}
 if args.results:
-    settings = f"--optimizer {args.optimizer} --lr {args.lr:g} --pi {args.pi:g} --neg-log-sigma1 {args.neg_log_sigma1:g} --neg-log-sigma2 {args.neg_log_sigma2:g}"
+    settings = f"--optimizer {args.optimizer} --lr {args.lr:g} --pi {args.pi:g} --neg-log-sigma1 {args.neg_log_sigma1:g} --neg-log-sigma2 {args.neg_log_sigma2:g} --estimator {args.estimator}"
     command = (f"python examples/mnist_bbb.py --epochs {epochs} --hidden {args.hidden} --seed {args.seed} {settings}"
                + (f" --validation {args.validation}" if args.validation else "") + (" --quick" if args.quick else ""))
-    tuned = any(getattr(args, k) != parser.get_default(k) for k in ("optimizer", "lr", "pi", "neg_log_sigma1", "neg_log_sigma2"))
+    tuned = any(getattr(args, k) != parser.get_default(k) for k in ("optimizer", "lr", "pi", "neg_log_sigma1", "neg_log_sigma2", "estimator"))
     name = (f"Bayes by Backprop 2 x {args.hidden}" + (f" ({settings})" if tuned else "")
             + (f" ({args.validation} images held out)" if args.validation else "") + (" (quick)" if args.quick else ""))
     entries = [{"name": name, "metric": "test error %", "value": table[0.0], "published": PUBLISHED_ERROR, "command": command, "epochs": len(history.epoch), "seed": args.seed, "train_seconds": history.seconds[-1]}]
