@@ -9,7 +9,8 @@ N(0, sigma2^2) with pi = 1/2, -log sigma1 = 0, -log sigma2 = 6 by default (``--p
 ``--neg-log-sigma1``, ``--neg-log-sigma2`` choose another point of the paper's grid: pi in
 {1/4, 1/2, 3/4}, -log sigma1 in {0, 1, 2}, -log sigma2 in {6, 7, 8}; the paper chose on a
 validation set, which ``--validation N`` holds out: the last N training images, its error shown
-beside the test error), one weight sample per minibatch of 128, Monte Carlo KL
+beside the test error), one weight sample per minibatch of 128 (``--estimator local`` or
+``flipout`` for a lower-variance gradient of the same objective), Monte Carlo KL
 (``Trace_ELBO``), Adam lr 1e-3 (``--optimizer sgd`` for the paper's plain SGD, its learning
 rate given for the paper's minibatch cost KL / M + summed minibatch NLL). Test error is that of
 the posterior-mean network; pruning removes the weights with the lowest |mu| / sigma over the
