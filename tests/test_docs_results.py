@@ -1,0 +1,50 @@
+"""docs/results.json is the machine-readable copy of docs/results.md: a list of objects with
+``name``, ``metric``, ``value``, ``published`` and ``command``. These tests keep it well formed
+and keep its commands runnable: each names an example that exists, with options its parser
+still accepts (a renamed flag would otherwise leave the docs pointing at a dead command)."""
+
+import json
+import math
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results.json"
+
+
+def entries():
+    return json.loads(RESULTS.read_text())
+
+
+def test_entries_have_the_documented_fields():
+    records = entries()
+    assert isinstance(records, list) and records, "docs/results.json must be a non-empty list"
+    seen = set()
+    for e in records:
+        for key, kind in (("name", str), ("metric", str), ("command", str)):
+            assert isinstance(e.get(key), kind) and e[key], f"{key!r} missing or empty in {e}"
+        assert isinstance(e.get("value"), (int, float)) and math.isfinite(e["value"]), e
+        assert "published" in e, e
+        assert e["published"] is None or isinstance(e["published"], (int, float)), e
+        key = (e["name"], e["metric"])
+        assert key not in seen, f"duplicate entry {key}"
+        seen.add(key)
+
+
+@pytest.mark.parametrize("script", sorted({shlex.split(e["command"])[1] for e in entries()}))
+def test_commands_use_options_the_example_accepts(script):
+    path = ROOT / script
+    assert path.is_file(), f"docs/results.json names {script}, which does not exist"
+    helptext = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    for e in entries():
+        words = shlex.split(e["command"])
+        if words[1] != script:
+            continue
+        assert words[0] == "python", e["command"]
+        for flag in (w.split("=")[0] for w in words[2:] if w.startswith("--")):
+            assert re.search(rf"{re.escape(flag)}(?![\w-])", helptext), f"{script} no longer accepts {flag} (from {e['name']!r})"
