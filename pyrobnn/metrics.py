@@ -106,9 +106,16 @@ def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:
 def error_percent(scores: torch.Tensor, y: torch.Tensor) -> float:
     """Classification error in percent, ``100 * mistakes / N`` from the count of mistakes, so
     that equal predictions give bit-equal errors (``100 * (1 - accuracy)`` does not: 30.9
-    against 30.900000000000006). ``scores`` are probabilities or logits."""
+    against 30.900000000000006). ``scores`` are probabilities, logits or log-probabilities
+    (``-inf`` allowed, NaN not); ``y`` integer labels in ``[0, classes)``."""
     if scores.shape[:-1] != y.shape or y.numel() == 0:
         raise ValueError(f"need one row of class scores per label, got scores {tuple(scores.shape)} and labels {tuple(y.shape)}")
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"class labels must be an integer tensor, got dtype {y.dtype}")
+    if int(y.min()) < 0 or int(y.max()) >= scores.shape[-1]:
+        raise ValueError(f"class labels must lie in [0, {scores.shape[-1]}), got labels from {int(y.min())} to {int(y.max())}")
+    if scores.is_floating_point() and torch.isnan(scores).any():
+        raise ValueError(f"the class scores contain NaN ({int(torch.isnan(scores).sum())} entries)")
     return 100.0 * int((scores.argmax(-1) != y).sum()) / y.numel()
 
 

@@ -78,3 +78,13 @@ def test_error_percent_counts_mistakes_exactly():
         metrics.error_percent(scores[:10], y)
     with pytest.raises(ValueError, match="one row of class scores per label"):
         metrics.error_percent(scores[:0], y[:0])
+    with pytest.raises(ValueError, match="integer tensor"):
+        metrics.error_percent(scores, y.double())
+    with pytest.raises(ValueError, match=r"lie in \[0, 10\)"):
+        metrics.error_percent(scores, y + 1)
+    nan_scores = scores.clone()
+    nan_scores[3, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        metrics.error_percent(nan_scores, y)
+    log_probs = scores.log()  # -inf where a probability is 0: allowed
+    assert metrics.error_percent(log_probs, y) == 30.9
