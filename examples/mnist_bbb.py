@@ -112,7 +112,8 @@ if args.results:
                + (f" --validation {args.validation}" if args.validation else "") + (" --quick" if args.quick else ""))
     tuned = any(getattr(args, k) != parser.get_default(k) for k in ("optimizer", "lr", "pi", "neg_log_sigma1", "neg_log_sigma2", "estimator"))
     name = (f"Bayes by Backprop 2 x {args.hidden}" + (f" ({settings})" if tuned else "")
-            + (f" ({args.validation} images held out)" if args.validation else "") + (" (quick)" if args.quick else ""))
+            + (f" ({args.validation} images held out)" if args.validation else "") + (f" (seed {args.seed})" if args.seed else "")
+            + (" (quick)" if args.quick else ""))
     entries = [{"name": name, "metric": "test error %", "value": table[0.0], "published": PUBLISHED_ERROR, "command": command, "epochs": len(history.epoch), "seed": args.seed, "train_seconds": history.seconds[-1]}]
     entries += [{"name": name, "metric": f"test error % with {100 * f:.0f}% of weights removed by SNR", "value": e, "published": PUBLISHED_PRUNING[f], "command": command, "epochs": len(history.epoch), "seed": args.seed} for f, e in table.items() if f > 0]
     record_results(args.results, entries)

@@ -127,7 +127,7 @@ result = {"net": args.net, "epochs": len(history.epoch), "error": error, "export
 if args.results:
     command = (f"python examples/mnist_sparse_vd.py --net {args.net} --epochs {epochs} --seed {args.seed} --init {args.init}"
                + ("" if args.train_clip else " --no-train-clip") + (" --center" if args.center else "") + (" --quick" if args.quick else ""))
-    details = [d for d, on in (("no train clip", not args.train_clip), (f"{args.init} init", args.init != "torch"), ("centered", args.center)) if on]
+    details = [d for d, on in (("no train clip", not args.train_clip), (f"{args.init} init", args.init != "torch"), ("centered", args.center), (f"seed {args.seed}", args.seed != 0)) if on]
     name = f"sparse VD {args.net}" + (f" ({', '.join(details)})" if details else "") + (" (quick)" if args.quick else "")
     record_results(args.results, [
         {"name": name, "metric": "test error %", "value": error, "published": pub["error"], "command": command, "epochs": len(history.epoch), "seed": args.seed, "train_seconds": history.seconds[-1]},

@@ -42,10 +42,12 @@ def test_sparse_vd_quick_prunes_and_exports(mnist_data, tmp_path):
 
 
 def test_bbb_quick_and_snr_pruning(mnist_data, tmp_path):
-    r = run_example("mnist_bbb.py", ["--validation", "1000", "--results", "results.json"], mnist_data, tmp_path)
+    r = run_example("mnist_bbb.py", ["--validation", "1000", "--seed", "1", "--results", "results.json"], mnist_data, tmp_path)
     assert r["error"] < 30.0
     assert r["validation_images"] == 1000 and r["validation_error"] < 30.0  # held out of the 5000 training images
     records = json.load(open(tmp_path / "results.json"))
+    # a second seed gets its own entries instead of replacing seed 0's (the sparse VD test checks seed 0's names)
+    assert all(e["name"] == "Bayes by Backprop 2 x 400 (1000 images held out) (seed 1) (quick)" and e["seed"] == 1 for e in records)
     assert all("--validation 1000" in e["command"] and "--pi 0.5 --neg-log-sigma1 0 --neg-log-sigma2 6" in e["command"] for e in records)
     # removing half the weights by signal-to-noise hardly matters even this early
     assert r["pruning"]["0.5"] < r["error"] + 3.0
