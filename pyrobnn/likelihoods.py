@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributions import constraints
 
 from pyrobnn.predictions import ClassificationPrediction, RegressionPrediction
+from pyrobnn.validation import check_label_dtype, check_label_range
 
 __all__ = [
     "Likelihood",
@@ -235,18 +236,13 @@ class CategoricalLikelihood(Likelihood):
         n, c = output_shape
         if not isinstance(y, torch.Tensor):
             raise ValueError(f"labels must be a tensor, got {type(y).__name__}")
-        if y.is_floating_point() or y.dtype == torch.bool:
-            raise ValueError(f"class labels must be an integer tensor, got dtype {y.dtype}")
+        check_label_dtype(y)
         if y.shape != torch.Size((n,)):
             raise ValueError(f"labels of shape {tuple(y.shape)} do not match {n} predictions: expected ({n},)")
         return y
 
     def check_target_values(self, y, output_dim):
-        if y.numel() and (y.min() < 0 or y.max() >= output_dim):
-            raise ValueError(
-                f"class labels must lie in [0, {output_dim}) for a network with {output_dim} "
-                f"outputs, got labels from {int(y.min())} to {int(y.max())}"
-            )
+        check_label_range(y, output_dim, f" for a network with {output_dim} outputs")
 
     def summarize(self, outputs, latents):
         return ClassificationPrediction(torch.softmax(outputs, -1))

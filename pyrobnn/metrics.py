@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from pyrobnn.validation import check_label_dtype, check_label_range
+
 __all__ = [
     "rmse",
     "gaussian_mixture_log_likelihood",
@@ -110,10 +112,8 @@ def error_percent(scores: torch.Tensor, y: torch.Tensor) -> float:
     (``-inf`` allowed, NaN not); ``y`` integer labels in ``[0, classes)``."""
     if scores.shape[:-1] != y.shape or y.numel() == 0:
         raise ValueError(f"need one row of class scores per label, got scores {tuple(scores.shape)} and labels {tuple(y.shape)}")
-    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
-        raise ValueError(f"class labels must be an integer tensor, got dtype {y.dtype}")
-    if int(y.min()) < 0 or int(y.max()) >= scores.shape[-1]:
-        raise ValueError(f"class labels must lie in [0, {scores.shape[-1]}), got labels from {int(y.min())} to {int(y.max())}")
+    check_label_dtype(y)
+    check_label_range(y, scores.shape[-1])
     if scores.is_floating_point() and torch.isnan(scores).any():
         raise ValueError(f"the class scores contain NaN ({int(torch.isnan(scores).sum())} entries)")
     return 100.0 * int((scores.argmax(-1) != y).sum()) / y.numel()

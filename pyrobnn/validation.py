@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["as_tensor", "check_finite", "check_inputs", "check_forward", "expected_input"]
+__all__ = ["as_tensor", "check_finite", "check_label_dtype", "check_label_range", "check_inputs", "check_forward", "expected_input"]
 
 
 def as_tensor(value, name: str) -> torch.Tensor:
@@ -23,6 +23,21 @@ def as_tensor(value, name: str) -> torch.Tensor:
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value)
     raise ValueError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
+
+
+def check_label_dtype(y: torch.Tensor) -> None:
+    """Class labels must be an integer tensor (not float, complex or bool)."""
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(f"class labels must be an integer tensor, got dtype {y.dtype}")
+
+
+def check_label_range(y: torch.Tensor, num_classes: int, context: str = "") -> None:
+    """Class labels must lie in ``[0, num_classes)``; ``context`` is added to the message."""
+    if y.numel() and (y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(
+            f"class labels must lie in [0, {num_classes}){context}, "
+            f"got labels from {int(y.min())} to {int(y.max())}"
+        )
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:
