@@ -1,8 +1,10 @@
-"""NUTS on a BayesianModel: a fast batched path, and Pyro's MCMC as the reference."""
+"""Gradient-based samplers on a BayesianModel: NUTS (a fast batched path, and Pyro's MCMC as the
+reference) and MCLMC, from random starts or from given positions (a deep ensemble's members)."""
 
 from __future__ import annotations
 
 import functools
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -11,10 +13,11 @@ import pyro
 import torch
 
 from pyrobnn.infer.fit import validate_training_data
+from pyrobnn.infer.mclmc import sample_mclmc
 from pyrobnn.infer.nuts import sample_nuts
 from pyrobnn.infer.potential import FlatPotential
 
-__all__ = ["MCMCResult", "nuts", "pyro_nuts"]
+__all__ = ["MCMCResult", "nuts", "mclmc", "pyro_nuts", "initial_positions", "check_samplable"]
 
 
 @dataclass
@@ -46,7 +49,9 @@ class MCMCResult:
         return int(d.sum()) if d is not None else 0
 
 
-def _check_model(model):
+def check_samplable(model):
+    """Refuse a model with point parameters in its likelihood: samplers and ensembles here move
+    latent sites only."""
     if any(True for _ in model.likelihood.parameters()):
         raise ValueError(
             "MCMC samples latent sites only: give the likelihood a fixed noise scale or a prior "
@@ -67,6 +72,7 @@ def nuts(
     init_radius: float = 2.0,
     compile: bool = True,
     progress: bool = True,
+    init=None,
 ) -> MCMCResult:
     """NUTS for ``model`` conditioned on ``(x, y)``, all chains in one batched computation.
 
@@ -74,7 +80,8 @@ def nuts(
     (one vmapped network pass for all chains, no Pyro tracing), and the sampler from
     :func:`~pyrobnn.infer.nuts.sample_nuts` (multinomial NUTS, Stan's warm-up, per-chain step
     sizes and diagonal mass matrices). Chains start from uniform draws on
-    ``[-init_radius, init_radius]`` in unconstrained space, as Pyro's and Stan's do.
+    ``[-init_radius, init_radius]`` in unconstrained space, as Pyro's and Stan's do, or from
+    ``init``.
 
     The samples are of the model's latent sites and go straight into
     ``pyro.infer.Predictive(model, posterior_samples=result.flat_samples())`` or
@@ -84,11 +91,15 @@ def nuts(
         less than proportionally: on a 1-50-1 network a leapfrog step takes about 10.6 us per
         chain at 16 chains and 6.5 at 64 (``docs/benchmarks.md``). For many effective samples,
         raise the chains (32-64) rather than the draws.
+    :param init: starting positions, one chain each: a
+        :class:`~pyrobnn.infer.ensemble.EnsembleResult` (ensemble-initialized NUTS, Sommer et al.
+        2024), an :class:`MCMCResult` (its last draws) or unconstrained vectors ``(chains, dim)``;
+        ``num_chains`` is then their number.
     :param compile: compile each leapfrog step (potential, gradient and the tree bookkeeping)
         with ``torch.compile`` (default): seconds of compilation, then about ten times less time
         per step on small networks. Falls back to eager code with a warning if compilation fails.
     """
-    _check_model(model)
+    check_samplable(model)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)
     was_training = model.training
@@ -96,11 +107,11 @@ def nuts(
     try:
         potential = FlatPotential(model, x, y)
         generator = torch.Generator(device=model.device).manual_seed(seed)
-        z0 = potential.initial(num_chains, init_radius, generator)
+        z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+        num_chains = z0.shape[0]
         start = time.perf_counter()
         run = functools.partial(
             sample_nuts,
-            z_init=z0,
             num_samples=num_samples,
             num_warmup=num_warmup,
             max_tree_depth=max_tree_depth,
@@ -111,21 +122,126 @@ def nuts(
         with torch.no_grad():
             if compile:
                 try:
-                    draws, stats = run(potential.value_and_grad_functional, compile=True)
+                    draws, stats = run(potential.value_and_grad_functional, z_init=z0, compile=True)
                 except Exception as e:  # no C++ compiler, an unsupported operation, ...
                     warnings.warn(f"NUTS runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
                     generator.manual_seed(seed)
-                    z0 = potential.initial(num_chains, init_radius, generator)
-                    run = functools.partial(run, z_init=z0)
-                    draws, stats = run(potential.value_and_grad)
+                    z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+                    draws, stats = run(potential.value_and_grad, z_init=z0)
             else:
-                draws, stats = run(potential.value_and_grad)
+                draws, stats = run(potential.value_and_grad, z_init=z0)
         seconds = time.perf_counter() - start
         values = potential.unpack(draws.reshape(num_chains * num_samples, potential.dim))
+        stats["energy"] = _energies(potential, draws)
     finally:
         model.train(was_training)
     samples = {k: v.reshape((num_chains, num_samples) + v.shape[1:]) for k, v in values.items()}
-    return MCMCResult(samples, stats, seconds, "pyrobnn NUTS")
+    return MCMCResult(samples, stats, seconds, "pyrobnn NUTS" + (" (ensemble-initialized)" if init is not None else ""))
+
+
+def initial_positions(potential, init, num_chains, init_radius, generator):
+    """Unconstrained starting positions ``(chains, dim)``: uniform on ``[-init_radius,
+    init_radius]`` (``init=None``), or from ``init`` (an ensemble, an MCMC result's last draws,
+    or a tensor)."""
+    if init is None:
+        if not isinstance(num_chains, int) or num_chains < 1:
+            raise ValueError(f"num_chains must be a positive integer, got {num_chains!r}")
+        return potential.initial(num_chains, init_radius, generator)
+    if isinstance(init, MCMCResult):
+        z = potential.pack({k: v[:, -1] for k, v in init.samples.items()})
+    elif isinstance(init, torch.Tensor):
+        z = init
+    else:
+        raise TypeError(f"init must be an EnsembleResult, an MCMCResult or a tensor, got {type(init).__name__}")
+    if z.dim() != 2 or z.shape[1] != potential.dim:
+        raise ValueError(f"init must hold positions of shape (chains, {potential.dim}), got {tuple(z.shape)}")
+    if not torch.isfinite(z).all():
+        raise ValueError("init holds non-finite positions")
+    return z.detach().to(dtype=potential.model.dtype, device=potential.model.device).clone()
+
+
+@torch.no_grad()
+def _energies(potential, draws):
+    """The potential at every draw, ``(chains, draws)``: the log-density trace that tells a
+    chain still climbing from one that is stationary."""
+    chains, n, dim = draws.shape
+    if n == 0:
+        return draws.new_zeros(chains, 0)
+    out = [potential(draws[:, i : i + 256].transpose(0, 1).reshape(-1, dim)).reshape(-1, chains).T for i in range(0, n, 256)]
+    return torch.cat(out, 1)
+
+
+def mclmc(
+    model,
+    x,
+    y,
+    num_samples: int = 10_000,
+    num_warmup=(40_000, 5_000, 5_000),
+    num_chains: int = 4,
+    *,
+    thinning: int = 10,
+    step_size: float = 1e-3,
+    L=None,
+    energy_variance=(0.5, 0.1),
+    diagonal_preconditioning: bool = False,
+    seed: int = 0,
+    init_radius: float = 2.0,
+    init=None,
+    compile: bool = True,
+    progress: bool = True,
+) -> MCMCResult:
+    """Unadjusted MCLMC (:mod:`pyrobnn.infer.mclmc`) for ``model`` conditioned on ``(x, y)``, all
+    chains in one batched computation, each chain tuned on its own.
+
+    The defaults are the MILE protocol (Sommer et al. 2025, ICLR): 50,000 tuning steps split
+    40,000 / 5,000 / 5,000 over the three phases, a target energy variance per dimension
+    scheduled from 0.5 to 0.1, initial step size ``1e-3`` and ``L = max(sqrt(d), 15)``, then
+    ``num_samples`` steps of which every ``thinning``-th is kept. Start the chains from a deep
+    ensemble (``init=deep_ensemble(...)``; :func:`pyrobnn.infer.ensemble.ensemble_sampling` does
+    both), as MILE does: from random starts the chains spend their tuning climbing.
+
+    :param num_warmup: the steps of the three tuning phases, or one number split 80/10/10.
+    :param compile: compile each step (two gradient evaluations and the updates) with
+        ``torch.compile``; falls back to eager code with a warning if compilation fails.
+    :returns: an :class:`MCMCResult` with ``num_samples // thinning`` draws per chain; its stats
+        hold the potential at each draw (``energy``), the energy errors, the tuned ``step_size``,
+        ``L`` and ``inv_mass``, and the steps undone for a non-finite result (``nonfinite``).
+    """
+    check_samplable(model)
+    if isinstance(num_warmup, int):
+        num_warmup = (round(0.8 * num_warmup), round(0.1 * num_warmup), num_warmup - round(0.8 * num_warmup) - round(0.1 * num_warmup))
+    x, y = validate_training_data(model, x, y)
+    x, y = x.to(model.device), y.to(model.device)
+    was_training = model.training
+    model.eval()
+    try:
+        potential = FlatPotential(model, x, y)
+        generator = torch.Generator(device=model.device).manual_seed(seed)
+        z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+        L0 = max(math.sqrt(potential.dim), 15.0) if L is None else L
+        start = time.perf_counter()
+        run = functools.partial(
+            sample_mclmc, num_samples=num_samples, num_warmup=num_warmup, thinning=thinning, step_size=step_size, L=L0,
+            energy_variance=energy_variance, diagonal_preconditioning=diagonal_preconditioning, generator=generator, progress=progress,
+        )
+        with torch.no_grad():
+            if compile:
+                try:
+                    draws, stats = run(potential.value_and_grad_functional, z0, compile=True)
+                except Exception as e:  # no C++ compiler, an unsupported operation, ...
+                    warnings.warn(f"MCLMC runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                    generator.manual_seed(seed)
+                    z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+                    draws, stats = run(potential.value_and_grad, z0)
+            else:
+                draws, stats = run(potential.value_and_grad, z0)
+        seconds = time.perf_counter() - start
+        chains, kept = draws.shape[:2]
+        values = potential.unpack(draws.reshape(chains * kept, potential.dim))
+    finally:
+        model.train(was_training)
+    samples = {k: v.reshape((chains, kept) + v.shape[1:]) for k, v in values.items()}
+    return MCMCResult(samples, stats, seconds, "pyrobnn MCLMC" + (" (ensemble-initialized)" if init is not None else ""))
 
 
 def pyro_nuts(
@@ -143,7 +259,7 @@ def pyro_nuts(
 ) -> MCMCResult:
     """The reference path: ``pyro.infer.MCMC(pyro.infer.NUTS(model))``, one chain after the
     other in this process, the samples stacked by chain."""
-    _check_model(model)
+    check_samplable(model)
     x, y = validate_training_data(model, x, y)
     names = [s.name for s in model.sites] + list(model.likelihood.latent_sites())
     chains, stats = [], {"diverging": []}

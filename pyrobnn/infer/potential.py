@@ -28,8 +28,7 @@ class FlatPotential:
 
     def __init__(self, model, x, y):
         self.model = model
-        self.x = x
-        self.y = model.likelihood.check_targets(y, _output_shape(model, x))
+        self.x, self.y = self.check_data(x, y)
         self.sites = list(model.sites)
         self.priors = [model.prior_distribution(s) for s in self.sites]
         self.latents = list(model.likelihood.latent_sites().items())
@@ -43,6 +42,11 @@ class FlatPotential:
             self.blocks.append((name, offset, offset + size, shape))
             offset += size
         self.dim = offset
+
+    def check_data(self, x, y):
+        """``(x, y)`` with ``y`` in the shape the likelihood scores (checked against the
+        network's output on ``x``)."""
+        return x, self.model.likelihood.check_targets(y, _output_shape(self.model, x))
 
     @property
     def names(self):
@@ -58,8 +62,35 @@ class FlatPotential:
             values[name] = block if i < n_weights else self.transforms[i - n_weights](block)
         return values
 
-    def __call__(self, z):
-        """``U(z)``, shape ``(chains,)``."""
+    def pack(self, values: dict):
+        """The inverse of :meth:`unpack`: ``z`` of shape ``(chains, dim)`` from constrained values
+        ``{site: (chains, *shape)}``."""
+        missing = [name for name in self.names if name not in values]
+        if missing:
+            raise ValueError(f"no values for the latent sites {missing}")
+        n_weights = len(self.sites)
+        blocks = []
+        for i, (name, _, _, shape) in enumerate(self.blocks):
+            v = values[name]
+            if v.dim() < len(shape) or tuple(v.shape[v.dim() - len(shape):]) != tuple(shape):
+                raise ValueError(f"site {name!r}: values of shape {tuple(v.shape)} do not end with {tuple(shape)}")
+            v = v.reshape((-1,) + tuple(shape))
+            if i >= n_weights:
+                v = self.transforms[i - n_weights].inv(v)
+            blocks.append(v.reshape(v.shape[0], -1))
+        chains = {b.shape[0] for b in blocks}
+        if len(chains) != 1:
+            raise ValueError(f"the sites hold different numbers of chains: {sorted(chains)}")
+        return torch.cat(blocks, 1)
+
+    def log_joint_terms(self, z, x=None, y=None):
+        r"""``(log p(w) + log|J|, log p(y | x, w))`` per chain, each of shape ``(chains,)``.
+
+        The prior term covers every latent site (with the log-Jacobian of the latent sites'
+        transforms); the likelihood term is summed over the points of ``(x, y)``, the full data
+        by default. A caller that passes a minibatch scales it by ``N / B`` itself."""
+        x = self.x if x is None else x
+        y = self.y if y is None else y
         chains = z.shape[0]
         log_p = torch.zeros(chains, dtype=z.dtype, device=z.device)
         weights = {}
@@ -76,9 +107,23 @@ class FlatPotential:
             log_p = log_p + prior.log_prob(value) + transform.log_abs_det_jacobian(u, value)
             # the likelihood reads latent samples with Pyro's plate slot: (chains, 1)
             latents[name] = value.unsqueeze(-1)
-        output = call_with_weights(self.model.net, self.sites, weights, self.x)
-        log_lik = self.model.likelihood.distribution(output, **latents).log_prob(self.y)
-        return -(log_p + log_lik.reshape(chains, -1).sum(-1))
+        output = call_with_weights(self.model.net, self.sites, weights, x)
+        log_lik = self.model.likelihood.distribution(output, **latents).log_prob(y)
+        return log_p, log_lik.reshape(chains, -1).sum(-1)
+
+    def pointwise_log_likelihood(self, z, x, y):
+        """``log p(y_n | x_n, w)`` per chain and point, shape ``(chains, N)``."""
+        chains = z.shape[0]
+        values = self.unpack(z)
+        weights = {s.name: values[s.name] for s in self.sites}
+        latents = {name: values[name].unsqueeze(-1) for name, _ in self.latents}
+        output = call_with_weights(self.model.net, self.sites, weights, x)
+        return self.model.likelihood.distribution(output, **latents).log_prob(y).reshape(chains, -1)
+
+    def __call__(self, z):
+        """``U(z)``, shape ``(chains,)``."""
+        log_prior, log_lik = self.log_joint_terms(z)
+        return -(log_prior + log_lik)
 
     def value_and_grad(self, z):
         """``(U(z), dU/dz)`` for every chain."""

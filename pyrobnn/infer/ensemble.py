@@ -1,0 +1,269 @@
+r"""Deep ensembles of a BayesianModel, trained as one batched computation, and
+ensemble-initialized sampling.
+
+A deep ensemble (Lakshminarayanan, Pritzel & Blundell 2017) is :math:`K` copies of the network
+trained from independent initializations; its predictive is the equal-weight mixture
+:math:`\frac1K \sum_k p(y \mid x, w_k)`. Here the members are the rows of one ``(K, dim)``
+tensor of the model's latent sites (in the unconstrained space of
+:class:`~pyrobnn.infer.potential.FlatPotential`) and every step is one vmapped pass of the
+network over all members, not a loop over :math:`K` models. Since the loss is a sum over
+members and AdamW acts element-wise, each member follows exactly the path it would follow alone.
+
+The objective per member is either the negative log joint (``objective="map"``: the model's
+prior, and the log-Jacobian of any constrained latent site, plus the likelihood, MAP in the
+unconstrained space) or the negative log-likelihood alone (``"likelihood"``; AdamW's weight
+decay is then the only regularizer, as in the MILE protocol). Both are divided by the number of
+training points, so that learning rates mean the same at any data size; minibatches scale the
+likelihood by :math:`N / B`.
+
+Ensemble-initialized sampling (Sommer et al. 2024, ICML, "Connecting the dots"; Sommer et al.
+2025, ICLR, MILE) then starts one sampling chain at each member: the chains begin in regions of
+high posterior density, each explores its own, and the predictive is the mixture over chains
+and draws.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from pyrobnn.infer.fit import validate_training_data
+from pyrobnn.infer.hmc import MCMCResult, check_samplable, mclmc, nuts
+from pyrobnn.infer.potential import FlatPotential
+
+__all__ = ["EnsembleResult", "deep_ensemble", "train_members", "ensemble_sampling", "member_initializations"]
+
+
+@dataclass
+class EnsembleResult(MCMCResult):
+    """A deep ensemble as posterior draws: ``samples[name]`` has shape ``(K, 1, *shape)``, one
+    chain of one draw per member, so :func:`pyrobnn.predict` (the equal-weight mixture),
+    ``pyro.infer.Predictive(model, posterior_samples=result.flat_samples())`` and
+    :func:`pyrobnn.diagnostics.inference_data` take it as they take MCMC draws, and the samplers
+    take it as starting positions (``init=``).
+
+    ``stats`` holds per member the best validation negative log-likelihood per point
+    (``val_nll``; training loss when there is no validation data), the epoch it was reached
+    (``best_epoch``) and the epochs trained (``epochs``); ``history`` the validation (or
+    training) loss of every member after every epoch, ``(epochs, K)``."""
+
+    history: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+
+    @property
+    def num_members(self) -> int:
+        return self.num_chains
+
+
+def member_initializations(model, potential, num_members: int, seed: int = 0):
+    """``(K, dim)`` unconstrained starting points: member ``k`` re-initializes a copy of the
+    network with its modules' own ``reset_parameters`` under the seed ``seed + k`` (PyTorch's
+    default initialization, or the user's), and draws latent sites (a noise scale with a prior)
+    from their prior."""
+    rows = []
+    for k in range(num_members):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + k)
+            net = copy.deepcopy(model.net)
+            for module in net.modules():
+                reset = getattr(module, "reset_parameters", None)
+                if callable(reset):
+                    reset()
+            params = dict(net.named_parameters())
+            values = {s.name: params[s.name].detach().unsqueeze(0) for s in model.sites}
+            for name, prior in model.likelihood.latent_sites().items():
+                values[name] = prior.sample((1,)).to(model.dtype)
+        rows.append(potential.pack(values))
+    return torch.cat(rows, 0).to(device=model.device, dtype=model.dtype)
+
+
+def train_members(
+    potential,
+    z_init,
+    x,
+    y,
+    x_val=None,
+    y_val=None,
+    *,
+    objective: str = "map",
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    batch_size=None,
+    max_epochs: int = 500,
+    patience: int = 10,
+    seed: int = 0,
+    progress: bool = True,
+):
+    """Train the members ``z_init`` (``(K, dim)``) with AdamW in one batched computation.
+
+    Every epoch visits the training points in a fresh random order (the same for all members,
+    from ``seed``), in minibatches of ``batch_size`` (all points if ``None``). With validation
+    data, each member's validation negative log-likelihood per point is measured after each
+    epoch; the member keeps its best state, and stops (its rows frozen) after ``patience``
+    epochs without improvement. Returns ``(z, stats, history)``.
+    """
+    if objective not in ("map", "likelihood"):
+        raise ValueError(f"objective must be 'map' or 'likelihood', got {objective!r}")
+    if not isinstance(max_epochs, int) or max_epochs < 1:
+        raise ValueError(f"max_epochs must be a positive integer, got {max_epochs!r}")
+    if not isinstance(patience, int) or patience < 1:
+        raise ValueError(f"patience must be a positive integer, got {patience!r}")
+    n = x.shape[0]
+    batch_size = n if batch_size is None else int(batch_size)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    members = z_init.shape[0]
+    z = torch.nn.Parameter(z_init.detach().clone())
+    optimizer = torch.optim.AdamW([z], lr=lr, weight_decay=weight_decay)
+    generator = torch.Generator().manual_seed(seed)
+    validate = x_val is not None
+    best = z_init.detach().clone()
+    best_loss = torch.full((members,), math.inf, dtype=z.dtype, device=z.device)
+    best_epoch = torch.zeros(members, dtype=torch.long)
+    active = torch.ones(members, dtype=torch.bool, device=z.device)
+    epochs = torch.zeros(members, dtype=torch.long)
+    history = []
+    bar = tqdm(total=max_epochs, disable=not progress, desc="deep ensemble", unit="epoch", dynamic_ncols=True)
+    try:
+        for epoch in range(max_epochs):
+            perm = torch.randperm(n, generator=generator).to(x.device)
+            train_loss = torch.zeros(members, dtype=z.dtype, device=z.device)
+            for i in range(0, n, batch_size):
+                idx = perm[i : i + batch_size]
+                log_prior, log_lik = potential.log_joint_terms(z, x[idx], y[idx])
+                per_member = -(n / idx.shape[0]) * log_lik
+                if objective == "map":
+                    per_member = per_member - log_prior
+                per_member = per_member / n
+                optimizer.zero_grad(set_to_none=True)
+                per_member.sum().backward()
+                optimizer.step()
+                with torch.no_grad():
+                    # stopped members stay where they stopped (their AdamW moments move on unused)
+                    z.data = torch.where(active.unsqueeze(-1), z.data, best)
+                train_loss += per_member.detach() * idx.shape[0] / n
+            epochs += active.cpu().long()
+            with torch.no_grad():
+                loss = -potential.pointwise_log_likelihood(z, x_val, y_val).mean(-1) if validate else train_loss
+            history.append(loss.detach().cpu())
+            improved = active & (loss < best_loss)
+            best = torch.where(improved.unsqueeze(-1), z.detach(), best)
+            best_loss = torch.where(improved, loss.detach(), best_loss)
+            best_epoch = torch.where(improved.cpu(), torch.full_like(best_epoch, epoch + 1), best_epoch)
+            if validate:
+                active = active & ((epoch + 1 - best_epoch.to(z.device)) < patience)
+            bar.set_postfix({"loss": f"{loss.mean().item():.3f}", "training": int(active.sum())}, refresh=False)
+            bar.update(1)
+            if not active.any():
+                break
+    finally:
+        bar.close()
+    if not validate:
+        best = z.detach().clone()
+    stats = {"val_nll" if validate else "train_loss": best_loss.cpu(), "best_epoch": best_epoch, "epochs": epochs}
+    return best, stats, torch.stack(history)
+
+
+def deep_ensemble(
+    model,
+    x,
+    y,
+    num_members: int = 12,
+    *,
+    x_val=None,
+    y_val=None,
+    validation: float = 0.0,
+    objective: str = "map",
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    batch_size=32,
+    max_epochs: int = 500,
+    patience: int = 10,
+    seed: int = 0,
+    progress: bool = True,
+) -> EnsembleResult:
+    """A deep ensemble of ``num_members`` members of ``model`` trained on ``(x, y)``.
+
+    :param x_val, y_val: validation data for early stopping; or ``validation``, the fraction of
+        ``(x, y)`` to hold out for it (a seeded random subset); with neither, members train for
+        ``max_epochs``.
+    :param objective: ``"map"`` (log joint: the model's prior and likelihood) or
+        ``"likelihood"`` (the likelihood alone); see the module docstring.
+    :param weight_decay: AdamW's decoupled weight decay (MILE: ``1e-3`` with
+        ``objective="likelihood"``).
+    :param seed: member ``k`` is initialized under the seed ``seed + k``; the data order
+        follows ``seed``.
+    :returns: an :class:`EnsembleResult`: the members as ``(K, 1, *shape)`` draws.
+
+    Example::
+
+        ensemble = deep_ensemble(model, x, y, num_members=12, validation=0.1)
+        pred = pyrobnn.predict(model, ensemble, x_test, num_samples=None)   # the mixture
+    """
+    check_samplable(model)
+    if not isinstance(num_members, int) or num_members < 1:
+        raise ValueError(f"num_members must be a positive integer, got {num_members!r}")
+    if not 0.0 <= float(validation) < 1.0:
+        raise ValueError(f"validation must be a fraction in [0, 1), got {validation}")
+    if (x_val is None) != (y_val is None):
+        raise ValueError("give both x_val and y_val, or neither")
+    if x_val is not None and validation:
+        raise ValueError("give either x_val/y_val or validation, not both")
+    x, y = validate_training_data(model, x, y)
+    if validation:
+        n_val = max(1, round(validation * x.shape[0]))
+        if n_val >= x.shape[0]:
+            raise ValueError(f"validation={validation} leaves no training points")
+        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
+        x_val, y_val, x, y = x[perm[:n_val]], y[perm[:n_val]], x[perm[n_val:]], y[perm[n_val:]]
+    if x_val is not None:
+        x_val, y_val = validate_training_data(model, x_val, y_val)
+    device, dtype = model.device, model.dtype
+    x, y = x.to(device, dtype), y.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        potential = FlatPotential(model, x, y)
+        if x_val is not None:
+            x_val, y_val = potential.check_data(x_val.to(device, dtype), y_val.to(device))
+        y_checked = potential.y
+        z0 = member_initializations(model, potential, num_members, seed)
+        start = time.perf_counter()
+        z, stats, history = train_members(
+            potential, z0, x, y_checked, x_val, y_val, objective=objective, lr=lr, weight_decay=weight_decay,
+            batch_size=batch_size, max_epochs=max_epochs, patience=patience, seed=seed, progress=progress,
+        )
+        seconds = time.perf_counter() - start
+        values = potential.unpack(z.detach())
+    finally:
+        model.train(was_training)
+    samples = {k: v.unsqueeze(1) for k, v in values.items()}
+    label = "deep ensemble (MAP)" if objective == "map" else "deep ensemble (likelihood)"
+    return EnsembleResult(samples, stats, seconds, label, history=history)
+
+
+def ensemble_sampling(
+    model,
+    x,
+    y,
+    ensemble: EnsembleResult,
+    sampler: str = "mclmc",
+    **kwargs,
+) -> MCMCResult:
+    """Ensemble-initialized sampling (Sommer et al. 2024; MILE, Sommer et al. 2025): one chain
+    per member of ``ensemble``, run by ``sampler`` (``"mclmc"``: :func:`pyrobnn.infer.hmc.mclmc`
+    with MILE's settings by default; ``"nuts"``: :func:`pyrobnn.infer.hmc.nuts`, MILE's baseline
+    uses ``num_warmup=100, num_samples=1000``); ``kwargs`` go to the sampler. The chains sit in
+    different regions by design: judge each one on its own
+    (:func:`pyrobnn.diagnostics.within_chain_summary`)."""
+    if not isinstance(ensemble, MCMCResult):
+        raise TypeError(f"ensemble must be the result of deep_ensemble, got {type(ensemble).__name__}")
+    if sampler == "mclmc":
+        return mclmc(model, x, y, init=ensemble, **kwargs)
+    if sampler == "nuts":
+        return nuts(model, x, y, init=ensemble, **kwargs)
+    raise ValueError(f"sampler must be 'mclmc' or 'nuts', got {sampler!r}")

@@ -1,0 +1,351 @@
+r"""Microcanonical Langevin Monte Carlo (MCLMC) for several chains as one batched computation.
+
+MCLMC (Robnik, De Luca, Silverstein & Seljak 2023, "Microcanonical Hamiltonian Monte Carlo",
+JMLR 24; Robnik & Seljak 2024, "Fluctuation without dissipation: Microcanonical Langevin Monte
+Carlo") moves a position :math:`x \in \mathbb{R}^d` with a velocity :math:`u` of unit norm
+(isokinetic dynamics) whose stationary distribution, with :math:`u` marginalized out, is the
+target :math:`p(x) \propto e^{-U(x)}`:
+
+.. math:: \dot x = \sqrt{M^{-1}}\, u, \qquad
+          \dot u = (I - u u^\top)\, \frac{g(x)}{d - 1}, \qquad
+          g = -\sqrt{M^{-1}}\, \nabla U(x),
+
+with a diagonal preconditioner :math:`M^{-1}`. The velocity update of a step :math:`\epsilon`
+has a closed form (Steeg & Galstyan 2021): with :math:`e = g / |g|`,
+:math:`\delta = \epsilon |g| / (d - 1)` and :math:`\zeta = e^{-\delta}`,
+
+.. math:: u' \propto e\,(1 - \zeta)\bigl(1 + \zeta + (u \cdot e)(1 - \zeta)\bigr) + 2 \zeta u,
+          \qquad \Delta K = (d - 1)\bigl(\delta - \log 2
+          + \log(1 + u \cdot e + (1 - u \cdot e)\zeta^2)\bigr).
+
+A step composes the velocity updates V and position updates
+:math:`T(\epsilon): x \leftarrow x + \epsilon \sqrt{M^{-1}} u` in the minimal-norm
+second-order scheme of McLachlan (1995), as BlackJAX does:
+:math:`V(b_1 \epsilon)\,T(\epsilon/2)\,V((1 - 2 b_1)\epsilon)\,T(\epsilon/2)\,V(b_1 \epsilon)`
+with :math:`b_1 = 0.1931833275037836` (two gradient evaluations per step). Between steps the
+velocity is partially refreshed (the Langevin part), half a step before and half after:
+:math:`u \leftarrow (u + \nu \xi) / |u + \nu \xi|`, :math:`\xi \sim N(0, I_d)`,
+:math:`\nu = \sqrt{(e^{2 (\epsilon/2) / L} - 1) / d}`, where :math:`L` is the momentum
+decoherence length. The sampler is unadjusted (no Metropolis step): its bias is controlled by
+the energy error :math:`\Delta E = \Delta K + U(x') - U(x)`, which the step-size tuning keeps
+at a target variance per dimension.
+
+Tuning, as in Robnik et al. (2023) and BlackJAX's ``mclmc_find_L_and_step_size``, with the
+schedule of Sommer et al. (2025, ICLR, "Microcanonical Langevin Ensembles", MILE):
+
+1. **step size** (``num_steps1`` steps): after every step,
+   :math:`\xi = \Delta E^2 / (d\, \mathrm{Var}_{target}) + 10^{-8}`,
+   :math:`w = \exp(-\tfrac12 (\log \xi / (6 \cdot 1.5))^2)`, and the step size is the
+   :math:`w`-weighted, exponentially decayed (decay :math:`(150 - 1)/(150 + 1)`) estimate
+   :math:`\epsilon = (\overline{\xi / \epsilon^6})^{-1/6}` (since :math:`\mathrm{Var}[\Delta E]
+   \propto \epsilon^6`); MILE schedules the target energy variance per dimension linearly from
+   0.5 to 0.1 over this phase. A non-finite step is undone and caps the step size at 0.8 times
+   the current one.
+2. **L from the parameter variances** (``num_steps2`` steps, step-size tuning going on):
+   :math:`L = \sqrt{\sum_i \mathrm{Var}[x_i]}` from :math:`\epsilon`-weighted running moments;
+   with diagonal preconditioning :math:`M^{-1} = \mathrm{diag}(\mathrm{Var}[x])`,
+   :math:`L = \sqrt d` and a third as many steps again to re-tune the step size.
+3. **L from the effective sample size** (``num_steps3`` steps at fixed settings):
+   :math:`L = 0.4\, \epsilon\, \mathrm{mean}_i(n / \mathrm{ESS}_i)`.
+
+Each chain is tuned on its own (step size, :math:`L` and preconditioner per chain): in
+ensemble-initialized sampling every chain explores its own region.
+
+The functions take a potential returning ``(U, grad U)`` for ``z`` of shape ``(chains, dim)``;
+:func:`pyrobnn.infer.hmc.mclmc` connects them to a model.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from pyrobnn.infer.autocorrelation import effective_sample_size
+
+__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "tune_mclmc", "sample_mclmc", "MCLACHLAN_B1"]
+
+#: McLachlan's minimal-norm coefficient (McLachlan 1995; Omelyan et al. 2003)
+MCLACHLAN_B1 = 0.1931833275037836
+
+
+@dataclass
+class MCLMCState:
+    z: torch.Tensor  # positions (C, D)
+    u: torch.Tensor  # unit velocities (C, D)
+    energy: torch.Tensor  # potential U (C,)
+    grad: torch.Tensor  # grad U (C, D)
+
+
+@dataclass
+class MCLMCTuning:
+    """Per-chain sampler settings: ``step_size`` and ``L`` of shape ``(C,)``, ``inv_mass`` the
+    diagonal preconditioner ``(C, D)``."""
+
+    step_size: torch.Tensor
+    L: torch.Tensor
+    inv_mass: torch.Tensor
+
+
+def _unit(v):
+    return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-13)
+
+
+def mclmc_init(potential, z, generator=None) -> MCLMCState:
+    """The state at positions ``z``: energies, gradients and uniformly random unit velocities."""
+    if z.shape[-1] < 2:
+        raise ValueError("MCLMC needs at least two dimensions (the velocity lives on a sphere)")
+    energy, grad = potential(z)
+    u = _unit(torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device))
+    return MCLMCState(z, u, energy, grad)
+
+
+def _velocity_update(u, grad, eps, sqrt_inv_mass):
+    """ESH velocity update by ``eps`` (``(C, 1)``) along ``-grad U``; returns ``(u', dK)``."""
+    d = u.shape[-1]
+    g = -grad * sqrt_inv_mass
+    g_norm = g.norm(dim=-1, keepdim=True)
+    e = g / g_norm.clamp_min(1e-13)
+    ue = (u * e).sum(-1, keepdim=True)
+    delta = eps * g_norm / (d - 1)
+    zeta = torch.exp(-delta)
+    u_new = _unit(e * (1 - zeta) * (1 + zeta + ue * (1 - zeta)) + 2 * zeta * u)
+    d_kinetic = (delta - math.log(2.0) + torch.log(1 + ue + (1 - ue) * zeta * zeta)) * (d - 1)
+    return u_new, d_kinetic.squeeze(-1)
+
+
+def _refresh(u, eps, L, noise):
+    """Partial velocity refresh over a time ``eps`` (``(C, 1)``) with decoherence length ``L``."""
+    d = u.shape[-1]
+    nu = torch.sqrt(torch.expm1(2 * eps / L) / d)
+    return _unit(u + nu * noise)
+
+
+def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise):
+    """One MCLMC step for every chain: half a refresh, the McLachlan step, half a refresh.
+
+    Pure tensor code (the Gaussian ``noise``, ``(3, C, D)``, is drawn by the caller), so that one
+    compiled graph serves every step. A chain whose step gives a non-finite position, energy,
+    gradient or energy error stays where it was with a fresh random velocity (``noise[2]``).
+
+    :returns: ``(z, u, energy, grad, energy_change, finite)``.
+    """
+    eps = step_size.unsqueeze(-1)
+    L_ = L.unsqueeze(-1)
+    u1 = _refresh(u, 0.5 * eps, L_, noise[0])
+    u2, dk1 = _velocity_update(u1, grad, MCLACHLAN_B1 * eps, sqrt_inv_mass)
+    z2 = z + 0.5 * eps * sqrt_inv_mass * u2
+    e2, g2 = potential(z2)
+    u3, dk2 = _velocity_update(u2, g2, (1 - 2 * MCLACHLAN_B1) * eps, sqrt_inv_mass)
+    z3 = z2 + 0.5 * eps * sqrt_inv_mass * u3
+    e3, g3 = potential(z3)
+    u4, dk3 = _velocity_update(u3, g3, MCLACHLAN_B1 * eps, sqrt_inv_mass)
+    u5 = _refresh(u4, 0.5 * eps, L_, noise[1])
+    d_energy = dk1 + dk2 + dk3 + e3 - energy
+    finite = torch.isfinite(d_energy) & torch.isfinite(z3).all(-1) & torch.isfinite(g3).all(-1) & torch.isfinite(u5).all(-1)
+    keep = finite.unsqueeze(-1)
+    z_out = torch.where(keep, z3, z)
+    u_out = torch.where(keep, u5, _unit(noise[2]))
+    energy_out = torch.where(finite, e3, energy)
+    grad_out = torch.where(keep, g3, grad)
+    d_energy = torch.where(finite, d_energy, torch.zeros_like(d_energy))
+    return z_out, u_out, energy_out, grad_out, d_energy, finite
+
+
+class _Stepper:
+    """Draws the noise and calls the (possibly compiled) step function."""
+
+    def __init__(self, potential, generator, compile):
+        fn = functools.partial(mclmc_step, potential)
+        self.fn = torch.compile(fn, dynamic=False) if compile else fn
+        self.generator = generator
+
+    def __call__(self, state: MCLMCState, tuning: MCLMCTuning):
+        z = state.z
+        noise = torch.randn((3,) + tuple(z.shape), generator=self.generator, dtype=z.dtype, device=z.device)
+        z, u, energy, grad, d_energy, finite = self.fn(
+            state.z, state.u, state.energy, state.grad, tuning.step_size, tuning.L, tuning.inv_mass.sqrt(), noise
+        )
+        return MCLMCState(z, u, energy, grad), d_energy, finite
+
+
+class _StepSizeAdapter:
+    """The running step-size estimate of phase 1 (per chain)."""
+
+    def __init__(self, chains, dtype, device, num_effective_samples: float = 150.0, trust_in_estimate: float = 1.5):
+        self.decay = (num_effective_samples - 1.0) / (num_effective_samples + 1.0)
+        self.trust = trust_in_estimate
+        self.time = torch.zeros(chains, dtype=dtype, device=device)
+        self.x_average = torch.zeros(chains, dtype=dtype, device=device)
+        self.step_max = torch.full((chains,), math.inf, dtype=dtype, device=device)
+
+    def update(self, step_size, d_energy, finite, dim, target_var):
+        self.step_max = torch.where(finite, self.step_max, 0.8 * step_size)
+        xi = d_energy.square() / (dim * target_var) + 1e-8
+        weight = torch.exp(-0.5 * (torch.log(xi) / (6.0 * self.trust)).square())
+        self.x_average = self.decay * self.x_average + weight * xi / step_size.pow(6)
+        self.time = self.decay * self.time + weight
+        new = (self.x_average / self.time).pow(-1.0 / 6.0)
+        new = torch.where(torch.isfinite(new), new, step_size)
+        return torch.minimum(new, self.step_max)
+
+
+def tune_mclmc(
+    potential,
+    state: MCLMCState,
+    num_steps1: int,
+    num_steps2: int,
+    num_steps3: int,
+    *,
+    step_size=None,
+    L=None,
+    energy_variance=(0.5, 0.1),
+    diagonal_preconditioning: bool = False,
+    l_factor: float = 0.4,
+    generator=None,
+    compile: bool = False,
+    stepper=None,
+    progress=None,
+):
+    """The three tuning phases (module docstring); returns the state after them, the
+    :class:`MCLMCTuning` and per-phase statistics.
+
+    :param step_size, L: initial values, per chain or scalars (default BlackJAX's,
+        ``sqrt(d) / 4`` and ``sqrt(d)``; :func:`pyrobnn.infer.hmc.mclmc` passes MILE's).
+    :param energy_variance: target variance of the energy error per dimension, a number or a
+        ``(start, end)`` pair scheduled linearly over phase 1 (MILE: ``(0.5, 0.1)``).
+    """
+    z = state.z
+    chains, dim = z.shape
+    dtype, device = z.dtype, z.device
+
+    def per_chain(v, default):
+        v = default if v is None else v
+        return torch.as_tensor(v, dtype=dtype, device=device).expand(chains).clone()
+
+    tuning = MCLMCTuning(
+        per_chain(step_size, math.sqrt(dim) * 0.25), per_chain(L, math.sqrt(dim)), torch.ones(chains, dim, dtype=dtype, device=device)
+    )
+    start_var, end_var = (energy_variance, energy_variance) if isinstance(energy_variance, (int, float)) else energy_variance
+    step = stepper if stepper is not None else _Stepper(potential, generator, compile)
+    nonfinite = torch.zeros(chains, dtype=torch.long, device=device)
+
+    def adapt(state, steps, schedule, moments):
+        adapter = _StepSizeAdapter(chains, dtype, device)
+        for i in range(steps):
+            state, d_energy, finite = step(state, tuning)
+            nonfinite.add_((~finite).long())
+            target = schedule(i)
+            tuning.step_size = adapter.update(tuning.step_size, d_energy, finite, dim, target)
+            if moments is not None and i >= moments[0]:
+                w = (tuning.step_size * finite).unsqueeze(-1)
+                moments[1].add_(w.squeeze(-1))
+                moments[2].add_(w * state.z)
+                moments[3].add_(w * state.z.square())
+            if progress is not None:
+                progress(1)
+        return state
+
+    def linear(i):
+        if num_steps1 <= 1:
+            return end_var
+        frac = min(i / (num_steps1 - 1), 1.0)
+        return start_var + (end_var - start_var) * frac
+
+    weight_sum = torch.zeros(chains, dtype=dtype, device=device)
+    moments = (num_steps1, weight_sum, torch.zeros_like(z), torch.zeros_like(z))
+    state = adapt(state, num_steps1 + num_steps2, linear, moments if num_steps2 > 1 else None)
+    if num_steps2 > 1:
+        w = weight_sum.clamp_min(1e-30).unsqueeze(-1)
+        mean = moments[2] / w
+        variance = (moments[3] / w - mean.square()).clamp_min(1e-12)
+        if diagonal_preconditioning:
+            tuning.inv_mass = variance
+            tuning.L = torch.full((chains,), math.sqrt(dim), dtype=dtype, device=device)
+            state = adapt(state, round(num_steps2 / 3), lambda i: end_var, None)
+        else:
+            tuning.L = variance.sum(-1).sqrt()
+    if num_steps3 >= 2:
+        positions = []
+        for _ in range(num_steps3):
+            state, _, finite = step(state, tuning)
+            nonfinite.add_((~finite).long())
+            positions.append(state.z)
+            if progress is not None:
+                progress(1)
+        ess = effective_sample_size(torch.stack(positions, 1))  # (C, D)
+        tau = num_steps3 / ess
+        finite_tau = torch.isfinite(tau)
+        mean_tau = torch.where(finite_tau, tau, 0.0).sum(-1) / finite_tau.sum(-1).clamp_min(1)
+        tuning.L = torch.where(finite_tau.any(-1), l_factor * tuning.step_size * mean_tau, tuning.L)
+    return state, tuning, {"nonfinite_warmup": nonfinite}
+
+
+def sample_mclmc(
+    potential,
+    z_init,
+    num_samples: int,
+    num_warmup=(40_000, 5_000, 5_000),
+    *,
+    thinning: int = 1,
+    step_size=None,
+    L=None,
+    energy_variance=(0.5, 0.1),
+    diagonal_preconditioning: bool = False,
+    generator=None,
+    progress: bool = True,
+    compile: bool = False,
+):
+    """Tune (``num_warmup`` = the steps of the three phases) and then run ``num_samples`` steps
+    of MCLMC from ``z_init`` (``(C, D)``), keeping every ``thinning``-th position.
+
+    :returns: the draws ``(C, num_samples // thinning, D)`` and statistics: ``energy`` (the
+        potential at each draw, ``(C, S)``), ``energy_change`` (the energy error of each kept
+        step), ``step_size`` and ``L`` (``(C,)``), ``inv_mass`` (``(C, D)``), ``nonfinite``
+        (steps undone per chain while sampling) and ``nonfinite_warmup``.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be a positive number of steps, got {num_samples}")
+    if thinning < 1:
+        raise ValueError(f"thinning must be a positive integer, got {thinning}")
+    n1, n2, n3 = (int(v) for v in num_warmup)
+    if min(n1, n2, n3) < 0:
+        raise ValueError(f"num_warmup must be three non-negative step counts, got {num_warmup}")
+    chains, dim = z_init.shape
+    extra_precond = round(n2 / 3) if diagonal_preconditioning and n2 > 1 else 0
+    total = n1 + n2 + extra_precond + (n3 if n3 >= 2 else 0) + num_samples
+    bar = tqdm(total=total, disable=not progress, desc="MCLMC", unit="step", dynamic_ncols=True, mininterval=0.5)
+    stepper = _Stepper(potential, generator, compile)
+    try:
+        state = mclmc_init(potential, z_init, generator)
+        state, tuning, warm_stats = tune_mclmc(
+            potential, state, n1, n2, n3, step_size=step_size, L=L, energy_variance=energy_variance,
+            diagonal_preconditioning=diagonal_preconditioning, stepper=stepper, progress=bar.update if progress else None,
+        )
+        draws, energies, changes = [], [], []
+        nonfinite = torch.zeros(chains, dtype=torch.long, device=z_init.device)
+        for i in range(num_samples):
+            state, d_energy, finite = stepper(state, tuning)
+            nonfinite.add_((~finite).long())
+            if (i + 1) % thinning == 0:
+                draws.append(state.z)
+                energies.append(state.energy)
+                changes.append(d_energy)
+            if progress:
+                bar.update(1)
+    finally:
+        bar.close()
+    stats = {
+        "energy": torch.stack(energies, 1) if energies else z_init.new_zeros(chains, 0),
+        "energy_change": torch.stack(changes, 1) if changes else z_init.new_zeros(chains, 0),
+        "step_size": tuning.step_size,
+        "L": tuning.L,
+        "inv_mass": tuning.inv_mass,
+        "nonfinite": nonfinite,
+        **warm_stats,
+    }
+    samples = torch.stack(draws, 1) if draws else z_init.new_zeros(chains, 0, dim)
+    return samples, stats
