@@ -7,12 +7,13 @@ import math
 import os
 import shutil
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 __all__ = [
     "blundell_curve", "blundell_regression", "gap_regression", "two_moons",
-    "data_dir", "cache_dir", "mnist", "UCISplit", "uci", "uci_num_splits",
+    "data_dir", "cache_dir", "mnist", "UCISplit", "uci", "uci_num_splits", "uci_shuffled",
 ]
 
 
@@ -154,6 +155,8 @@ class UCISplit:
     y_mean: torch.Tensor
     y_std: torch.Tensor
     meta: dict
+    x_val: Optional[torch.Tensor] = None  # a validation part, where the split has one
+    y_val: Optional[torch.Tensor] = None
 
     @property
     def y_test_original(self) -> torch.Tensor:
@@ -247,3 +250,41 @@ def uci(name: str, split: int = 0, data_path=None, dtype=torch.float32) -> UCISp
         t((x_test - x_mean) / x_std), t((y_test - y_mean) / y_std),
         t(x_mean), t(x_std), t(y_mean), t(y_std), meta,
     )
+
+
+def uci_shuffled(name: str, seed: int, fractions=(0.7, 0.1, 0.2), data_path=None, dtype=torch.float32) -> UCISplit:
+    """The UCI set ``name`` split train/validation/test in ``fractions`` from a shuffle seeded by
+    ``seed`` (the protocol of Sommer et al. 2024/2025, 70/10/20), inputs and target z-scored with
+    the training part's statistics; ``split`` is the seed."""
+    import numpy as np
+
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9 or fractions[0] == 0:
+        raise ValueError(f"fractions must be three non-negative numbers summing to 1 with a training part, got {fractions}")
+    folder = _uci_folder(name, data_path)
+    data = _read_numbers(os.path.join(folder, "data.txt"), np.float64, "data")
+    if data.ndim != 2 or not np.isfinite(data).all():
+        raise ValueError(f"{os.path.join(folder, 'data.txt')} is malformed: expected a finite table of numbers")
+    features = _read_numbers(os.path.join(folder, "index_features.txt"), np.int64, "feature index")
+    target = _read_numbers(os.path.join(folder, "index_target.txt"), np.int64, "target index")
+    x, y = data[:, features], data[:, target[:1]]
+    n = x.shape[0]
+    perm = np.random.default_rng(seed).permutation(n)
+    n_train = int(round(fractions[0] * n))
+    n_val = int(round(fractions[1] * n))
+    train, val, test = perm[:n_train], perm[n_train : n_train + n_val], perm[n_train + n_val :]
+    x_mean, x_std = x[train].mean(0), x[train].std(0)
+    x_std = np.where(x_std > 1e-12 * np.maximum(1.0, np.abs(x_mean)), x_std, 1.0)
+    y_mean, y_std = y[train].mean(0), y[train].std(0)
+    y_std = np.where(y_std > 0, y_std, 1.0)
+
+    def t(a):
+        return torch.as_tensor(np.asarray(a), dtype=dtype)
+
+    return UCISplit(
+        name, seed,
+        t((x[train] - x_mean) / x_std), t((y[train] - y_mean) / y_std),
+        t((x[test] - x_mean) / x_std), t((y[test] - y_mean) / y_std),
+        t(x_mean), t(x_std), t(y_mean), t(y_std), {"fractions": tuple(fractions)},
+        x_val=t((x[val] - x_mean) / x_std), y_val=t((y[val] - y_mean) / y_std),
+    )
+

@@ -15,7 +15,10 @@ import numpy as np
 import torch
 from pyro.infer import Predictive
 
-__all__ = ["inference_data", "svi_inference_data", "convergence_summary", "plot_diagnostics", "save_netcdf"]
+__all__ = [
+    "inference_data", "svi_inference_data", "convergence_summary", "within_chain_rhat", "within_chain_summary",
+    "plot_diagnostics", "save_netcdf", "WITHIN_CHAIN_RHAT_OK",
+]
 
 
 def _az():
@@ -116,6 +119,109 @@ def convergence_summary(idata) -> dict:
     if "sample_stats" in idata.groups() and "diverging" in idata.sample_stats:
         out["divergences"] = int(idata.sample_stats["diverging"].values.sum())
     return out
+
+
+#: within-chain split R-hat below which a chain counts as stationary (Vehtari et al. 2021 advise
+#: 1.01 for a final analysis between chains; each chain here is judged alone, on its own halves)
+WITHIN_CHAIN_RHAT_OK = 1.1
+
+
+def within_chain_rhat(draws) -> np.ndarray:
+    """Rank-normalized split R-hat (Vehtari et al. 2021) of each chain on its own: the chain's
+    first and second halves are treated as two chains (and split again by ArviZ), so a chain that
+    is still drifting gets a large value even when no other chain is there to disagree with it.
+
+    :param draws: ``(chains, draws, ...)``; returns ``(chains, ...)``."""
+    az = _az()
+    a = np.asarray(draws.detach().cpu().double().numpy() if isinstance(draws, torch.Tensor) else draws, dtype=np.float64)
+    chains, n = a.shape[:2]
+    if n < 8:
+        raise ValueError(f"within-chain R-hat needs at least 8 draws per chain, got {n}")
+    half = n // 2
+    rest = a.shape[2:]
+    # (2 halves, half, chains * rest) as two "chains" per original chain
+    halves = a[:, n - 2 * half :].reshape((chains, 2, half) + rest)
+    stacked = np.moveaxis(halves, 0, 2).reshape(2, half, -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = az.rhat(az.convert_to_dataset(stacked), method="rank")
+    values = np.asarray(next(iter(r.data_vars.values())).values)
+    return values.reshape((chains,) + rest)
+
+
+@torch.no_grad()
+def within_chain_summary(model, posterior, x, y=None, threshold: float = WITHIN_CHAIN_RHAT_OK) -> dict:
+    """Diagnostics for samplers whose chains explore different regions by design (ensemble-
+    initialized sampling): each chain is judged on its own.
+
+    - ``rhat_predictions``: per chain, the worst within-chain split R-hat
+      (:func:`within_chain_rhat`) of the network's output over the points of ``x``;
+    - ``rhat_log_density``: per chain, the within-chain R-hat of the potential at each draw (when
+      the sampler recorded it): a chain still climbing shows here first;
+    - ``ess_predictions``: per chain, the smallest bulk ESS over the points;
+    - ``lppd``: per chain, with ``y``, the log of the chain's mean predictive density, averaged
+      over the points;
+    - ``between_chain_rhat``: the ordinary R-hat across chains on the predictions (large when
+      the chains describe different regions; not a failure by itself here);
+    - ``verdict``: a plain-language reading of the above that claims only what they show.
+    """
+    az = _az()
+    samples = posterior.samples if hasattr(posterior, "samples") else posterior
+    chains, draws = next(iter(samples.values())).shape[:2]
+    flat = {k: v.reshape((chains * draws,) + v.shape[2:]) for k, v in samples.items()}
+    arrays = _predictive_arrays(model, flat, x, y, chains, draws)
+    f = arrays["f"].reshape(chains, draws, -1)
+    rhat_f = within_chain_rhat(f)
+    out = {"chains": chains, "draws": draws, "rhat_predictions": np.nanmax(rhat_f, axis=1)}
+    stats = getattr(posterior, "stats", None) or {}
+    energy = stats.get("energy")
+    if energy is not None and energy.shape[1] >= 8:
+        out["rhat_log_density"] = within_chain_rhat(energy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ess = az.ess(az.convert_to_dataset(np.moveaxis(f, 0, 2).reshape(1, draws, -1)), method="bulk")
+        ess_values = np.asarray(next(iter(ess.data_vars.values())).values).reshape(chains, -1)
+        out["ess_predictions"] = np.nanmin(ess_values, axis=1)
+        out["between_chain_rhat"] = float(np.nanmax(az.rhat(az.convert_to_dataset(f), method="rank")["x"].values)) if chains > 1 else None
+    if y is not None:
+        log_lik = arrays["log_lik"].reshape(chains, draws, -1)
+        lppd = _logmeanexp(log_lik, axis=1).mean(-1)
+        out["lppd"] = lppd
+        out["lppd_mixture"] = float(_logmeanexp(log_lik.reshape(chains * draws, -1), axis=0).mean())
+    worst = np.maximum(out["rhat_predictions"], out.get("rhat_log_density", out["rhat_predictions"]))
+    out["worst_rhat"] = float(np.nanmax(worst))
+    out["median_rhat"] = float(np.nanmedian(worst))
+    drifting = int((worst > threshold).sum())
+    out["drifting_chains"] = drifting
+    out["verdict"] = _verdict(out, drifting, threshold)
+    return out
+
+
+def _logmeanexp(a, axis):
+    m = np.max(a, axis=axis, keepdims=True)
+    return (np.log(np.mean(np.exp(a - m), axis=axis, keepdims=True)) + m).squeeze(axis)
+
+
+def _verdict(out, drifting, threshold) -> str:
+    chains = out["chains"]
+    measured = "predictions and log density" if "rhat_log_density" in out else "predictions"
+    if drifting == 0:
+        text = (
+            f"Each of the {chains} chains is stationary on its own: the worst within-chain R-hat on the "
+            f"{measured} is {out['worst_rhat']:.3f} (at most {threshold})."
+        )
+        between = out.get("between_chain_rhat")
+        if between is not None and between > threshold:
+            text += (
+                f" Across chains R-hat is {between:.2f}: the chains are each stationary but describe different "
+                "regions of the posterior, and the predictive is their mixture."
+            )
+        return text
+    return (
+        f"{drifting} of {chains} chains are not stationary yet: their within-chain R-hat on the {measured} "
+        f"exceeds {threshold} (worst {out['worst_rhat']:.3f}). Their draws still depend on where they started; "
+        "sample longer before reading the mixture as the posterior."
+    )
 
 
 def plot_diagnostics(idata, out_dir: str, prefix: str = "nuts", num_points: int = 4) -> list:

@@ -189,15 +189,28 @@ class GaussianLikelihood(Likelihood):
 
 class HeteroscedasticGaussianLikelihood(Likelihood):
     r"""Input-dependent Gaussian noise: the network outputs ``2 D`` values, the mean and the
-    pre-softplus scale, :math:`y \sim N(f_{1:D}(x), (\text{softplus}(f_{D+1:2D}(x)) +
-    \sigma_{min})^2)` (Nix & Weigend 1994; Kendall & Gal 2017).
+    unconstrained scale :math:`s`, :math:`y \sim N(f_{1:D}(x), \sigma(f_{D+1:2D}(x))^2)`
+    (Nix & Weigend 1994; Kendall & Gal 2017), with
+
+    - ``link="softplus"`` (default): :math:`\sigma = \text{softplus}(s) + \sigma_{min}`;
+    - ``link="exp"``: :math:`\sigma = \text{clip}(e^{s}, \sigma_{min}, \sigma_{max})`, the
+      network's second output a log-scale (the MILE protocol: clipped to ``[1e-6, 1e6]``).
 
     :param min_scale: floor on the scale, for numerical stability.
+    :param max_scale: ceiling on the scale with ``link="exp"``.
     """
 
-    def __init__(self, min_scale: float = 1e-4, dataset_size=None):
+    def __init__(self, min_scale: float = 1e-4, dataset_size=None, link: str = "softplus", max_scale: float = 1e6):
         super().__init__(dataset_size)
+        if link not in ("softplus", "exp"):
+            raise ValueError(f"link must be 'softplus' or 'exp', got {link!r}")
+        if not (math.isfinite(min_scale) and min_scale > 0):
+            raise ValueError(f"min_scale must be a positive finite number, got {min_scale}")
+        if not (max_scale > min_scale):
+            raise ValueError(f"max_scale must exceed min_scale ({min_scale}), got {max_scale}")
         self.min_scale = float(min_scale)
+        self.max_scale = float(max_scale)
+        self.link = link
 
     def split(self, output):
         if output.shape[-1] % 2:
@@ -206,6 +219,8 @@ class HeteroscedasticGaussianLikelihood(Likelihood):
                 f"and scale per target), got {output.shape[-1]}"
             )
         d = output.shape[-1] // 2
+        if self.link == "exp":
+            return output[..., :d], torch.exp(output[..., d:]).clamp(self.min_scale, self.max_scale)
         return output[..., :d], F.softplus(output[..., d:]) + self.min_scale
 
     def distribution(self, output, **latents):
