@@ -169,10 +169,12 @@ def as_result(potential, draws, seconds, method):
 
 
 # ------------------------------------------------------------------------------ one data set
-def run_one(name, seed, s, args):
+def run_one(name, seed, s, args, record, save):
+    """Fill ``record`` with the methods it lacks, calling ``save`` after each."""
     split = uci_shuffled(name, seed, data_path=args.data_dir)
     model = mile_model(split.x_train.shape[1])
-    record = {"dataset": name, "seed": seed, "n_train": split.x_train.shape[0], "n_test": split.x_test.shape[0]}
+    record.update({"dataset": name, "seed": seed, "n_train": split.x_train.shape[0], "n_test": split.x_test.shape[0]})
+    # the ensemble is cheap and deterministic given the seed: trained again on a resumed run
     ensemble = deep_ensemble(
         model, split.x_train, split.y_train, s["members"], x_val=split.x_val, y_val=split.y_val, objective="likelihood",
         lr=1e-3, weight_decay=1e-3, batch_size=32, max_epochs=s["max_epochs"], patience=10, seed=seed, progress=False,
@@ -180,7 +182,37 @@ def run_one(name, seed, s, args):
     record["DE"] = {**scores(model, ensemble, split), "seconds": ensemble.seconds,
                     "epochs": ensemble.stats["epochs"].tolist()}
     print(f"{name} seed {seed}: DE {record['DE']['lppd']:.3f} LPPD in {ensemble.seconds:.1f} s", flush=True)
+    save()
+    if "MCLMC" not in record:
+        mclmc_run(model, ensemble, split, s, seed, record)
+        save()
+    potential = FlatPotential(model.eval(), split.x_train, split.y_train)
+    z0 = potential.pack({k: v[:, 0] for k, v in ensemble.samples.items()})
+    if not args.skip_blackjax and "BlackJAX MCLMC" not in record:
+        draws, seconds = blackjax_mclmc(potential, z0, s, seed)
+        bj = as_result(potential, draws, seconds, "BlackJAX MCLMC")
+        record["BlackJAX MCLMC"] = {**scores(model, bj, split), "seconds": seconds, **within_chain(model, bj, split)}
+        print(f"{name} seed {seed}: BlackJAX MCLMC {record['BlackJAX MCLMC']['lppd']:.3f} LPPD in {seconds:.1f} s", flush=True)
+        save()
+    if args.long_factor > 1 and seed == args.seeds[0] and "MCLMC long" not in record:
+        n = s["samples"] * args.long_factor
+        result = mclmc(model, split.x_train, split.y_train, num_samples=n, num_warmup=s["warmup"], thinning=s["thinning"],
+                       init=ensemble, seed=seed, progress=False)
+        record["MCLMC long"] = {"steps": n, **scores(model, result, split), "seconds": result.seconds,
+                                "rhat_by_draws": prefix_rhat(model, result, split, fractions=tuple(np.linspace(0.1, 1.0, 10)))}
+        save()
+    if not args.skip_nuts and "NUTS" not in record:
+        result = nuts(model, split.x_train, split.y_train, num_samples=s["nuts_samples"], num_warmup=s["nuts_warmup"],
+                      max_tree_depth=s["nuts_depth"], init=ensemble, seed=seed, progress=False)
+        record["NUTS"] = {**scores(model, result, split), "seconds": result.seconds, **within_chain(model, result, split),
+                          "mean_tree_depth": result.stats["tree_depth"].double().mean().item(), "divergences": result.num_divergences}
+        print(f"{name} seed {seed}: NUTS {record['NUTS']['lppd']:.3f} LPPD in {result.seconds:.1f} s; {record['NUTS']['verdict']}", flush=True)
+        save()
+    return record
 
+
+def mclmc_run(model, ensemble, split, s, seed, record):
+    name = split.name
     result = mclmc(model, split.x_train, split.y_train, num_samples=s["samples"], num_warmup=s["warmup"], thinning=s["thinning"],
                    init=ensemble, seed=seed, progress=False)
     record["MCLMC"] = {**scores(model, result, split), "seconds": result.seconds, **within_chain(model, result, split),
@@ -188,29 +220,6 @@ def run_one(name, seed, s, args):
                        "nonfinite_steps": int(result.stats["nonfinite"].sum() + result.stats["nonfinite_warmup"].sum()),
                        "rhat_by_draws": prefix_rhat(model, result, split)}
     print(f"{name} seed {seed}: MCLMC {record['MCLMC']['lppd']:.3f} LPPD in {result.seconds:.1f} s; {record['MCLMC']['verdict']}", flush=True)
-
-    potential = FlatPotential(model.eval(), split.x_train, split.y_train)
-    z0 = potential.pack({k: v[:, 0] for k, v in ensemble.samples.items()})
-    if not args.skip_blackjax:
-        draws, seconds = blackjax_mclmc(potential, z0, s, seed)
-        bj = as_result(potential, draws, seconds, "BlackJAX MCLMC")
-        record["BlackJAX MCLMC"] = {**scores(model, bj, split), "seconds": seconds, **within_chain(model, bj, split)}
-        print(f"{name} seed {seed}: BlackJAX MCLMC {record['BlackJAX MCLMC']['lppd']:.3f} LPPD in {seconds:.1f} s", flush=True)
-
-    if not args.skip_nuts:
-        result = nuts(model, split.x_train, split.y_train, num_samples=s["nuts_samples"], num_warmup=s["nuts_warmup"],
-                      max_tree_depth=s["nuts_depth"], init=ensemble, seed=seed, progress=False)
-        record["NUTS"] = {**scores(model, result, split), "seconds": result.seconds, **within_chain(model, result, split),
-                          "mean_tree_depth": result.stats["tree_depth"].double().mean().item(), "divergences": result.num_divergences}
-        print(f"{name} seed {seed}: NUTS {record['NUTS']['lppd']:.3f} LPPD in {result.seconds:.1f} s; {record['NUTS']['verdict']}", flush=True)
-
-    if args.long_factor > 1 and seed == args.seeds[0]:
-        n = s["samples"] * args.long_factor
-        result = mclmc(model, split.x_train, split.y_train, num_samples=n, num_warmup=s["warmup"], thinning=s["thinning"],
-                       init=ensemble, seed=seed, progress=False)
-        record["MCLMC long"] = {"steps": n, **scores(model, result, split), "seconds": result.seconds,
-                                "rhat_by_draws": prefix_rhat(model, result, split, fractions=tuple(np.linspace(0.1, 1.0, 10)))}
-    return record
 
 
 METHODS = ("DE", "MCLMC", "BlackJAX MCLMC", "NUTS")
@@ -256,21 +265,23 @@ def main(argv=None):
     s = settings(args.quick)
     torch.set_num_threads(int(os.environ.get("PYROBNN_THREADS", "2")))
     os.makedirs(args.out, exist_ok=True)
-    fingerprint = json.dumps({"settings": s, "skip_blackjax": args.skip_blackjax, "skip_nuts": args.skip_nuts, "long": args.long_factor}, sort_keys=True)
+    fingerprint = json.loads(json.dumps(s))
     records = []
     for name in datasets:
         for seed in args.seeds:
             path = os.path.join(args.out, f"{name}-{seed}{'-quick' if args.quick else ''}.json")
+            record = {}
             if os.path.exists(path):
                 with open(path) as f:
                     saved = json.load(f)
                 if saved.get("fingerprint") == fingerprint:
-                    records.append(saved["record"])
-                    print(f"{name} seed {seed}: reused {path}", flush=True)
-                    continue
-            record = run_one(name, seed, s, args)
-            atomic_write_text(json.dumps({"fingerprint": fingerprint, "record": record}, indent=1), path)
-            records.append(record)
+                    record = saved["record"]
+                    print(f"{name} seed {seed}: resuming from {path} ({', '.join(k for k in METHODS if k in record)} done)", flush=True)
+
+            def save(record=record, path=path):
+                atomic_write_text(json.dumps({"fingerprint": fingerprint, "record": record}, indent=1), path)
+
+            records.append(run_one(name, seed, s, args, record, save))
 
     table = summarize(records)
     print(f"\nMILE protocol{' (quick)' if args.quick else ''}: test LPPD and RMSE (standardized), mean ± SE over seeds {args.seeds}")

@@ -82,7 +82,10 @@ def inference_data(model, posterior, x, y=None, observed=True):
         sample_stats["acceptance_rate"] = stats["accept_prob"].cpu().double().numpy()
     if sample_stats:
         groups["sample_stats"] = sample_stats
-    return az.from_dict(**groups)
+    with warnings.catch_warnings():
+        # a deep ensemble is many chains of one draw each, by design
+        warnings.filterwarnings("ignore", message="More chains")
+        return az.from_dict(**groups)
 
 
 def _squeeze_output(a):

@@ -1,0 +1,149 @@
+"""Deep ensembles: the batched members equal members trained alone, the MAP of the conjugate
+model is its exact posterior mean, and an ensemble is a posterior that predict, Predictive,
+ArviZ and the samplers take."""
+
+import math
+
+import pyro
+import pytest
+import torch
+
+import pyrobnn
+from pyrobnn import diagnostics
+from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble, ensemble_sampling, member_initializations, train_members
+from pyrobnn.infer.potential import FlatPotential
+from test_conjugate import bayesian_linear_model, conjugate_problem
+
+
+def small_problem(n=120, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 2, generator=g, dtype=torch.float64) * 4 - 2
+    y = torch.sin(x[:, :1]) * x[:, 1:] + 0.2 * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    net = pyrobnn.MLP(2, 2, hidden=(8,), activation="tanh").double()
+    model = pyrobnn.BayesianModel(net, pyrobnn.HeteroscedasticGaussianLikelihood(), pyrobnn.NormalPrior(1.0))
+    return model.double(), x, y
+
+
+def test_batched_members_equal_members_trained_alone():
+    """Three members trained as one (K, dim) tensor, with minibatches, weight decay and early
+    stopping that stops them at different epochs, end exactly where each ends trained alone."""
+    model, x, y = small_problem()
+    model.eval()
+    potential = FlatPotential(model, x[:90], y[:90])
+    x_val, y_val = potential.check_data(x[90:], y[90:])
+    z0 = member_initializations(model, potential, 3, seed=0)
+    kwargs = dict(objective="map", lr=3e-2, weight_decay=1e-2, batch_size=16, max_epochs=60, patience=3, seed=5, progress=False)
+    together, stats, history = train_members(potential, z0, x[:90], potential.y, x_val, y_val, **kwargs)
+    assert history.shape[1] == 3
+    assert len(set(stats["best_epoch"].tolist())) > 1  # the members stopped at different epochs
+    for k in range(3):
+        alone, stats_k, _ = train_members(potential, z0[k : k + 1], x[:90], potential.y, x_val, y_val, **kwargs)
+        torch.testing.assert_close(together[k : k + 1], alone, rtol=1e-9, atol=1e-11)
+        assert stats_k["best_epoch"].item() == stats["best_epoch"][k].item()
+
+
+def test_member_k_is_initialized_under_seed_plus_k():
+    model, x, y = small_problem()
+    potential = FlatPotential(model.eval(), x, y)
+    three = member_initializations(model, potential, 3, seed=10)
+    for k in range(3):
+        torch.testing.assert_close(three[k : k + 1], member_initializations(model, potential, 1, seed=10 + k))
+    assert not torch.allclose(three[0], three[1])
+
+
+def test_map_member_of_the_conjugate_model_is_the_exact_posterior_mean():
+    """The posterior of the conjugate regression is Gaussian, so its mode is its mean m."""
+    X, y, mean, _ = conjugate_problem()
+    ensemble = deep_ensemble(bayesian_linear_model(), X, y, num_members=3, objective="map", lr=0.05, batch_size=None,
+                             max_epochs=1500, progress=False)
+    w = ensemble.samples["weight"].reshape(3, 3)
+    torch.testing.assert_close(w, mean.expand(3, 3), rtol=0, atol=1e-5)
+
+
+def test_an_ensemble_predicts_the_equal_weight_mixture_everywhere():
+    model, x, y = small_problem()
+    ensemble = deep_ensemble(model, x, y, num_members=4, validation=0.2, lr=1e-2, max_epochs=40, progress=False)
+    assert isinstance(ensemble, EnsembleResult) and ensemble.num_members == 4
+    assert ensemble.samples["0.weight"].shape == (4, 1, 8, 2)
+    # by hand: each member's network, then the mixture of their Gaussians
+    locs = []
+    for k in range(4):
+        net = model.deterministic_net({name: v[k, 0] for name, v in ensemble.samples.items()})
+        locs.append(net(x)[:, :1])
+    pred = pyrobnn.predict(model, ensemble, x, num_samples=None)
+    torch.testing.assert_close(pred.mean, torch.stack(locs).mean(0).detach())
+    predictive = pyro.infer.Predictive(model, posterior_samples=ensemble.flat_samples(), return_sites=["_RETURN"])(x)
+    assert predictive["_RETURN"].shape == (4, 120, 2)
+    idata = diagnostics.inference_data(model, ensemble, x, y)
+    assert idata.posterior.sizes["chain"] == 4 and idata.posterior.sizes["draw"] == 1
+
+
+def test_early_stopping_keeps_each_members_best_validation_state():
+    model, x, y = small_problem()
+    ensemble = deep_ensemble(model, x, y, num_members=3, validation=0.25, lr=5e-2, max_epochs=200, patience=5, progress=False)
+    best = ensemble.history.min(0).values
+    torch.testing.assert_close(ensemble.stats["val_nll"], best)
+    # a member stops `patience` epochs after its best one (or at max_epochs)
+    stopped = ensemble.stats["epochs"]
+    assert ((stopped - ensemble.stats["best_epoch"] == 5) | (stopped == 200)).all()
+
+
+def test_ensemble_initialized_chains_start_at_the_members():
+    """One chain per member; with no warm-up and one NUTS draw the chain has moved at most one
+    trajectory from its member, and MCLMC keeps one chain per member too."""
+    model, x, y = small_problem()
+    ensemble = deep_ensemble(model, x, y, num_members=3, lr=1e-2, max_epochs=20, progress=False)
+    result = ensemble_sampling(model, x, y, ensemble, "mclmc", num_samples=40, num_warmup=(40, 10, 10), thinning=2, compile=False, progress=False)
+    assert result.num_chains == 3 and result.num_draws == 20
+    assert result.stats["energy"].shape == (3, 20)
+    nuts_result = ensemble_sampling(model, x, y, ensemble, "nuts", num_samples=5, num_warmup=0, max_tree_depth=3, compile=False, progress=False)
+    assert nuts_result.num_chains == 3
+    with pytest.raises(ValueError, match="sampler"):
+        ensemble_sampling(model, x, y, ensemble, "hmc")
+
+
+def test_deep_ensemble_refuses_bad_arguments():
+    model, x, y = small_problem()
+    with pytest.raises(ValueError, match="num_members"):
+        deep_ensemble(model, x, y, num_members=0, progress=False)
+    with pytest.raises(ValueError, match="objective"):
+        deep_ensemble(model, x, y, num_members=2, objective="mle", progress=False)
+    with pytest.raises(ValueError, match="validation"):
+        deep_ensemble(model, x, y, num_members=2, validation=1.5, progress=False)
+    with pytest.raises(ValueError, match="x_val"):
+        deep_ensemble(model, x, y, num_members=2, x_val=x, progress=False)
+    learned = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,)).double(), pyrobnn.GaussianLikelihood(scale="learned"))
+    with pytest.raises(ValueError, match="latent sites only"):
+        deep_ensemble(learned, x, y, num_members=2, progress=False)
+
+
+def test_within_chain_rhat_flags_a_drifting_chain_and_passes_stationary_ones():
+    g = torch.Generator().manual_seed(0)
+    n = 1000
+    noise = torch.randn(3, n, generator=g, dtype=torch.float64)
+    chain = torch.zeros_like(noise)
+    for t in range(1, n):
+        chain[:, t] = 0.5 * chain[:, t - 1] + noise[:, t]
+    chain[2] += torch.linspace(0, 3, n, dtype=torch.float64)  # still drifting
+    chain[1] += 5.0  # stationary, elsewhere: between-chain disagreement is not drift
+    rhat = diagnostics.within_chain_rhat(chain)
+    assert rhat[0] < 1.02 and rhat[1] < 1.02
+    assert rhat[2] > 1.1
+
+
+def test_within_chain_summary_reads_stationary_chains_in_different_places():
+    """Two stationary chains far apart: each passes on its own, the between-chain R-hat is
+    large, and the verdict says the chains are stationary and disagree, nothing more."""
+    model, x, y = small_problem()
+    potential = FlatPotential(model.eval(), x, y)
+    g = torch.Generator().manual_seed(1)
+    centres = torch.randn(2, 1, potential.dim, generator=g, dtype=torch.float64)
+    z = centres + 0.01 * torch.randn(2, 400, potential.dim, generator=g, dtype=torch.float64)
+    values = potential.unpack(z.reshape(800, -1))
+    result = pyrobnn.infer.hmc.MCMCResult({k: v.reshape((2, 400) + v.shape[1:]) for k, v in values.items()})
+    summary = diagnostics.within_chain_summary(model, result, x, y)
+    assert summary["worst_rhat"] < 1.1 and summary["drifting_chains"] == 0
+    assert summary["between_chain_rhat"] > 1.1
+    assert "stationary" in summary["verdict"] and "mode" not in summary["verdict"]
+    assert summary["lppd"].shape == (2,)
+    assert math.isfinite(summary["lppd_mixture"])
