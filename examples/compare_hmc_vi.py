@@ -20,7 +20,7 @@ import torch
 
 import pyrobnn
 from pyrobnn import diagnostics
-from pyrobnn.compare import _w2_to_reference
+from pyrobnn.compare import predictive_w2
 from pyrobnn.data import gap_regression
 from pyrobnn.infer.hmc import nuts
 from pyrobnn.plotting import plot_regression_1d, save_figure
@@ -58,7 +58,7 @@ for label, make_guide in (("mean-field VI", pyrobnn.MeanFieldNormal), ("concrete
     predictions[label] = (pyrobnn.predict(model, guide, x_test, 500), pyrobnn.predict(model, guide, grid, 500))
 
 results = {
-    label: {**test.metrics(y_test), "w2_to_nuts": _w2_to_reference(test, predictions["NUTS"][0])}
+    label: {**test.metrics(y_test), "w2_to_nuts": predictive_w2(test, predictions["NUTS"][0])}
     for label, (test, _) in predictions.items()
 }
 print(json.dumps(results, indent=1))

@@ -43,9 +43,10 @@ def _compare(args) -> int:
         seed=args.seed,
         progress=not args.quiet,
         resume=not args.no_resume,
+        reference=args.reference,
     )
     print(format_markdown(args.dataset, rows, args.quick))
-    print(f"tables, plots and NUTS diagnostics in {args.out}")
+    print(f"tables, plots and the reference's diagnostics in {args.out}")
     return 0
 
 
@@ -60,11 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(run=_demo)
 
-    compare = sub.add_parser("compare", help="NUTS beside every VI method on a small regression problem")
+    from pyrobnn.compare import METHODS, REFERENCES
+
+    compare = sub.add_parser("compare", help="a sampling reference beside deep ensembles and every VI method on a small regression problem")
     compare.add_argument("--dataset", default="toy", help="'toy' (generated, with a gap in the inputs) or a UCI set such as yacht")
     compare.add_argument("--data-dir", default=None, help="folder holding uci/<name> (default $PYROBNN_DATA)")
     compare.add_argument("--splits", default=None, help="UCI splits, e.g. 0-4 or 0,3,7 (default: all)")
-    compare.add_argument("--methods", default=None, help="comma-separated subset of the methods (NUTS always runs)")
+    compare.add_argument(
+        "--methods", default=None,
+        help=f"comma-separated subset of the methods: {', '.join(k for k in METHODS if k != 'reference')} (the reference always runs)",
+    )
+    compare.add_argument(
+        "--reference", default="ensemble-mclmc", choices=list(REFERENCES),
+        help="the reference sampler: one MCLMC (default) or NUTS chain per deep-ensemble member, or NUTS from random starts",
+    )
     compare.add_argument("--out", default="pyrobnn-compare")
     compare.add_argument("--seed", type=int, default=0)
     compare.add_argument("--quick", action="store_true", help="short runs, for a check that everything works")

@@ -1,19 +1,28 @@
-"""NUTS beside variational methods on small regression problems: ``pyrobnn compare``.
+"""A sampling reference beside variational methods and deep ensembles on small regression
+problems: ``pyrobnn compare``.
 
 Every method fits the same network (one hidden layer; 50 units, 100 for protein) with the same
-Gaussian likelihood, whose noise scale has a log-normal prior, so NUTS and the guides target
-the same kind of model; each method has the prior its family is defined with (Normal(0, 1)
-weights for NUTS, the mean-field and the dropout methods; Blundell's scale mixture; the
-log-uniform prior of variational dropout). On every split each method is scored on the test
-set in the original units of the target:
+Gaussian likelihood, whose noise scale has a log-normal prior, so the reference and the guides
+target the same kind of model; each method has the prior its family is defined with (Normal(0, 1)
+weights for the reference, the ensemble, the mean-field and the dropout methods; Blundell's scale
+mixture; the log-uniform prior of variational dropout).
+
+The reference is ensemble-initialized sampling by default (Sommer et al. 2024, 2025): a deep
+ensemble (MAP under the model's prior) and one MCLMC chain started at each member
+(``reference="ensemble-mclmc"``), or one NUTS chain per member (``"ensemble-nuts"``); random-start
+NUTS (``"nuts"``) is still there, but on the UCI sets its chains do not agree within a run's budget
+(docs/compare.md). Ensemble-initialized chains are judged each on its own (within-chain R-hat on
+the test predictions and log density, :func:`pyrobnn.diagnostics.within_chain_summary`).
+
+On every split each method is scored on the test set in the original units of the target:
 
 - RMSE of the predictive mean; test log-likelihood, the log of the mean predictive density
   over posterior samples (Hernández-Lobato & Adams 2015); coverage of the central 90%
   predictive interval; CRPS;
-- ``w2_to_nuts``: the 2-Wasserstein distance between the method's predictive marginal and
-  NUTS's at each test point (from 20 quantiles of each Gaussian-mixture predictive), averaged
-  over the points: how far the method is from the reference posterior;
-- wall time of the fit (NUTS: the sampler, warm-up included).
+- ``w2_to_reference``: the 2-Wasserstein distance between the method's predictive marginal and
+  the reference's at each test point (from 20 quantiles of each Gaussian-mixture predictive),
+  averaged over the points: how far the method is from the reference posterior;
+- wall time of the fit (the reference: ensemble training and sampling, warm-up included).
 
 Results are mean and standard error over splits, beside the published figures of
 ``REFERENCES.md`` for the UCI sets.
@@ -38,10 +47,11 @@ from tqdm.auto import tqdm
 import pyrobnn
 from pyrobnn import metrics
 from pyrobnn.data import gap_regression, uci, uci_num_splits
+from pyrobnn.infer.ensemble import deep_ensemble, ensemble_sampling
 from pyrobnn.infer.hmc import nuts
 from pyrobnn.io import atomic_write_text
 
-__all__ = ["METHODS", "PUBLISHED", "run_compare", "format_markdown"]
+__all__ = ["METHODS", "REFERENCES", "PUBLISHED", "run_compare", "format_markdown", "predictive_w2"]
 
 #: Gal & Ghahramani 2016, Table 1 (VI, PBP and MC dropout columns) and the corrected grid-search
 #: results of yaringal/DropoutUncertaintyExps: mean and standard error over the 20 splits
@@ -66,15 +76,23 @@ class Method:
     key: str
     label: str
     prior: Callable
-    guide: Optional[Callable]  # None: NUTS
+    guide: Optional[Callable]  # None: the reference or the ensemble
     elbo: str = "meanfield"
     estimator: Optional[str] = "local"
 
 
+#: the reference samplers: label of the table row
+REFERENCES = {
+    "ensemble-mclmc": "DE-initialized MCLMC (reference)",
+    "ensemble-nuts": "DE-initialized NUTS (reference)",
+    "nuts": "NUTS from random starts (reference)",
+}
+
 METHODS = {
     m.key: m
     for m in (
-        Method("nuts", "NUTS (reference)", lambda: pyrobnn.NormalPrior(1.0), None),
+        Method("reference", "reference sampler", lambda: pyrobnn.NormalPrior(1.0), None),
+        Method("ensemble", "deep ensemble", lambda: pyrobnn.NormalPrior(1.0), None),
         Method("meanfield", "mean-field, Gaussian prior", lambda: pyrobnn.NormalPrior(1.0), lambda m: pyrobnn.MeanFieldNormal(m)),
         Method("meanfield_mixture", "mean-field, scale-mixture prior", lambda: pyrobnn.ScaleMixturePrior(0.5, 1.0, math.exp(-6)), lambda m: pyrobnn.MeanFieldNormal(m), elbo="trace"),
         Method("variational_dropout", "variational dropout", lambda: pyrobnn.LogUniformPrior(), lambda m: pyrobnn.VariationalDropout(m, log_alpha_range=(-8.0, 0.0))),
@@ -103,21 +121,28 @@ class Settings:
     batch_size: Optional[int]
     lr: float
     num_predictive: int
-    chains: int
-    warmup: int
-    samples: int
+    chains: int  # random-start NUTS chains, or ensemble members (one chain each)
+    warmup: int  # NUTS warm-up iterations
+    samples: int  # NUTS draws per chain
     max_tree_depth: int
+    ensemble_epochs: int
+    mclmc_warmup: tuple  # steps of MCLMC's three tuning phases
+    mclmc_samples: int  # MCLMC steps after tuning
+    mclmc_thinning: int
 
 
 def settings(dataset: str, quick: bool) -> Settings:
     if quick:
-        return Settings(epochs=150, batch_size=None, lr=1e-2, num_predictive=100, chains=2, warmup=60, samples=60, max_tree_depth=5)
+        return Settings(epochs=150, batch_size=None, lr=1e-2, num_predictive=100, chains=2, warmup=60, samples=60, max_tree_depth=5,
+                        ensemble_epochs=100, mclmc_warmup=(300, 50, 50), mclmc_samples=400, mclmc_thinning=4)
     if dataset == "toy":
-        return Settings(epochs=3000, batch_size=None, lr=1e-2, num_predictive=500, chains=8, warmup=300, samples=300, max_tree_depth=10)
-    return Settings(epochs=400, batch_size=32, lr=1e-2, num_predictive=500, chains=4, warmup=200, samples=200, max_tree_depth=8)
+        return Settings(epochs=3000, batch_size=None, lr=1e-2, num_predictive=500, chains=8, warmup=300, samples=300, max_tree_depth=10,
+                        ensemble_epochs=2000, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10)
+    return Settings(epochs=400, batch_size=32, lr=1e-2, num_predictive=500, chains=8, warmup=200, samples=200, max_tree_depth=8,
+                    ensemble_epochs=400, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10)
 
 
-def _w2_to_reference(pred, ref, levels: int = 20) -> float:
+def predictive_w2(pred, ref, levels: int = 20) -> float:
     """Mean over points of the 2-Wasserstein distance between two 1-D predictives, from their
     quantiles at ``levels`` equally spaced probabilities."""
     total = 0.0
@@ -143,30 +168,52 @@ def _calibration(pred, y, levels):
     return [pred.coverage(y, level) for level in levels]
 
 
-#: R-hat on the predictions below which the NUTS chains count as agreeing (Vehtari et al. 2021)
+#: R-hat on the predictions below which random-start NUTS chains count as agreeing (Vehtari et al. 2021)
 RHAT_CONVERGED = 1.01
 
 CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 
 
-def _fit_method(method, split, s, seed, progress, x_grid=None):
+def _ensemble(model, split, s, seed, progress):
+    return deep_ensemble(
+        model, split["x_train"], split["y_train"], num_members=s.chains, validation=0.1, objective="map", lr=s.lr,
+        batch_size=s.batch_size, max_epochs=s.ensemble_epochs, patience=20, seed=seed, progress=progress,
+    )
+
+
+def _fit_method(key, split, s, seed, progress, reference, x_grid=None, shared=None):
     """Fit one method on one split; returns (prediction on test, prediction on grid, seconds,
-    extra diagnostics)."""
+    extra). ``shared`` carries the split's deep ensemble from the reference to the ``ensemble``
+    method (trained once, with the same seed)."""
+    method = METHODS[key]
     in_features = split["x_train"].shape[1]
+    shared = {} if shared is None else shared
     pyro.set_rng_seed(seed)
     model = _model(method, in_features, split["hidden"], split["activation"])
-    extra = {}
+    extra = {"model": model}
     start = time.perf_counter()
-    if method.guide is None:
-        result = nuts(
+    num = None
+    if key == "reference" and reference == "nuts":
+        posterior = nuts(
             model, split["x_train"], split["y_train"], num_samples=s.samples, num_warmup=s.warmup,
             num_chains=s.chains, max_tree_depth=s.max_tree_depth, seed=seed, progress=progress,
         )
         seconds = time.perf_counter() - start
-        posterior = result
-        extra["result"] = result
-        extra["model"] = model
-        num = None
+        extra["result"] = posterior
+    elif key in ("reference", "ensemble"):
+        if "ensemble" not in shared:
+            shared["ensemble"] = _ensemble(model, split, s, seed, progress)
+        ensemble = shared["ensemble"]
+        posterior, seconds = ensemble, ensemble.seconds
+        if key == "reference":
+            sampler = reference.split("-", 1)[1]
+            options = (
+                dict(num_samples=s.mclmc_samples, num_warmup=s.mclmc_warmup, thinning=s.mclmc_thinning)
+                if sampler == "mclmc" else dict(num_samples=s.samples, num_warmup=s.warmup, max_tree_depth=s.max_tree_depth)
+            )
+            posterior = ensemble_sampling(model, split["x_train"], split["y_train"], ensemble, sampler, seed=seed, progress=progress, **options)
+            seconds = ensemble.seconds + posterior.seconds
+            extra["result"] = posterior
     else:
         guide = method.guide(model)
         pyrobnn.fit(
@@ -183,32 +230,49 @@ def _fit_method(method, split, s, seed, progress, x_grid=None):
     return test, grid, seconds, extra
 
 
-def _run_split(split, keys, s, seed, bar, x_grid, out_dir, first):
+def _reference_diagnostics(reference, model, result, split):
+    """Random-start NUTS: R-hat and ESS across chains; ensemble-initialized chains: each chain
+    on its own (within-chain R-hat on predictions and log density, per-chain LPPD)."""
+    from pyrobnn import diagnostics
+
+    if reference == "nuts":
+        idata = diagnostics.inference_data(model, result, split["x_test"], split["y_test"])
+        return diagnostics.convergence_summary(idata), idata
+    summary = diagnostics.within_chain_summary(model, result, split["x_test"], split["y_test"])
+    keep = ("worst_rhat", "median_rhat", "drifting_chains", "between_chain_rhat", "lppd_mixture", "verdict", "chains")
+    out = {k: summary[k] for k in keep}
+    out["per_chain_lppd"] = [float(v) for v in summary["lppd"]]
+    return out, None
+
+
+def _run_split(split, keys, s, seed, bar, x_grid, out_dir, first, reference="ensemble-mclmc"):
     """Fit and score every method on one split: ``{"rows", "calibration", "diagnostics",
     "grid_preds"}``, the rows and calibration keyed by method."""
     from pyrobnn import diagnostics
 
     preds, rows, calibration, grid_preds, summary = {}, {}, {}, {}, None
     y_orig = split["y_test"] * split["y_std"] + split["y_mean"]
+    shared = {}
     for key in keys:
         bar.set_postfix({"split": split["split"], "method": key}, refresh=True)
-        test, grid, seconds, extra = _fit_method(METHODS[key], split, s, seed + split["split"], progress=False, x_grid=x_grid)
+        test, grid, seconds, extra = _fit_method(key, split, s, seed + split["split"], False, reference, x_grid, shared)
         preds[key] = test
         rows[key] = _score(test, y_orig, seconds)
         calibration[key] = _calibration(test, y_orig, CALIBRATION_LEVELS)
-        if key == "nuts":
-            idata = diagnostics.inference_data(extra["model"], extra["result"], split["x_test"], split["y_test"])
-            summary = diagnostics.convergence_summary(idata)
+        if key == "reference":
+            summary, idata = _reference_diagnostics(reference, extra["model"], extra["result"], split)
             summary["split"] = split["split"]
-            rows[key].update({k: v for k, v in summary.items() if k != "split"})
+            rows[key].update({k: v for k, v in summary.items() if k not in ("split", "verdict", "per_chain_lppd")})
             if first:
-                diagnostics.plot_diagnostics(idata, out_dir, prefix="nuts")
-                diagnostics.save_netcdf(idata, os.path.join(out_dir, "nuts.nc"))
+                if idata is None:
+                    idata = diagnostics.inference_data(extra["model"], extra["result"], split["x_test"], split["y_test"])
+                diagnostics.plot_diagnostics(idata, out_dir, prefix="reference")
+                diagnostics.save_netcdf(idata, os.path.join(out_dir, "reference.nc"))
         if grid is not None:
             grid_preds[key] = grid
         bar.update(1)
     for key in keys:
-        rows[key]["w2_to_nuts"] = 0.0 if key == "nuts" else _w2_to_reference(preds[key], preds["nuts"])
+        rows[key]["w2_to_reference"] = 0.0 if key == "reference" else predictive_w2(preds[key], preds["reference"])
     return {"rows": rows, "calibration": calibration, "diagnostics": summary, "grid_preds": grid_preds}
 
 
@@ -238,7 +302,7 @@ class _SplitCache:
         return {
             "rows": {k: saved["rows"][k] for k in keys},
             "calibration": {k: saved["calibration"][k] for k in keys},
-            "diagnostics": saved["diagnostics"],  # NUTS always runs
+            "diagnostics": saved["diagnostics"],  # the reference always runs
         }
 
     def save(self, index, record):
@@ -273,21 +337,25 @@ def run_compare(
     seed: int = 0,
     progress: bool = True,
     resume: bool = True,
+    reference: str = "ensemble-mclmc",
 ):
     """Run the comparison, write ``results.md``, ``results.csv``, ``results.json``, the plots
     and NUTS's diagnostics into ``out_dir``; return the summary rows.
 
+    :param reference: the reference sampler: ``"ensemble-mclmc"`` (default), ``"ensemble-nuts"``
+        or ``"nuts"`` (random starts).
     :param resume: reuse the splits of a UCI set that an earlier run with the same settings
         saved in ``out_dir/splits`` (each split is saved as it completes), so that a long run
         stopped part way goes on from where it stopped.
     """
     os.makedirs(out_dir, exist_ok=True)
-    keys = list(methods) if methods else list(METHODS)
-    if "nuts" not in keys:
-        keys = ["nuts"] + keys
+    if reference not in REFERENCES:
+        raise ValueError(f"reference must be one of {list(REFERENCES)}, got {reference!r}")
+    keys = list(dict.fromkeys(methods)) if methods else list(METHODS)
     unknown = [k for k in keys if k not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    keys = ["reference"] + [k for k in keys if k != "reference"]
     s = settings(dataset, quick)
     per_split = {k: [] for k in keys}
     calibration = {k: [] for k in keys}
@@ -297,7 +365,7 @@ def run_compare(
     split_list = list(_splits(dataset, data_dir, splits, quick, seed))
     # a split's results are saved as it completes, so an interrupted run resumes where it
     # stopped; the toy run keeps its plotting grid in memory and always runs afresh
-    fingerprint = {"dataset": dataset, "seed": seed, "settings": dict(s.__dict__)}
+    fingerprint = {"dataset": dataset, "seed": seed, "settings": dict(s.__dict__), "reference": reference}
     cache = _SplitCache(out_dir, fingerprint) if resume and not toy else None
     bar = tqdm(total=len(split_list) * len(keys), disable=not progress, desc=f"compare {dataset}", unit="fit", position=0)
     diagnostics_rows = []
@@ -305,7 +373,7 @@ def run_compare(
         for split in split_list:
             record = cache.load(split["split"], keys) if cache is not None else None
             if record is None:
-                record = _run_split(split, keys, s, seed, bar, x_grid, out_dir, first=split is split_list[0])
+                record = _run_split(split, keys, s, seed, bar, x_grid, out_dir, first=split is split_list[0], reference=reference)
                 grid_preds.update(record.pop("grid_preds"))
                 if cache is not None:
                     cache.save(split["split"], record)
@@ -321,23 +389,43 @@ def run_compare(
 
     rows = []
     for key in keys:
-        summary = {"method": METHODS[key].label, "key": key, "splits": len(per_split[key])}
-        for metric in ("rmse", "log_likelihood", "coverage_90", "crps", "w2_to_nuts", "seconds"):
+        label = REFERENCES[reference] if key == "reference" else METHODS[key].label
+        summary = {"method": label, "key": key, "splits": len(per_split[key])}
+        for metric in METRICS:
             values = torch.tensor([r[metric] for r in per_split[key]], dtype=torch.float64)
             summary[metric] = values.mean().item()
             summary[f"{metric}_se"] = (values.std() / math.sqrt(len(values))).item() if len(values) > 1 else 0.0
-        if key == "nuts" and diagnostics_rows:
-            rhat = torch.tensor([d["max_rhat_predictions"] for d in diagnostics_rows], dtype=torch.float64)
-            summary["max_rhat_predictions"] = rhat.max().item()
-            summary["median_max_rhat_predictions"] = rhat.median().item()
-            summary["min_ess_predictions"] = min(d["min_ess_predictions"] for d in diagnostics_rows)
-            summary["divergences"] = sum(int(d["divergences"]) for d in diagnostics_rows)
+        if key == "reference" and diagnostics_rows:
+            summary.update(_reference_summary(reference, diagnostics_rows))
         rows.append(summary)
     _write_outputs(out_dir, dataset, rows, per_split, calibration, diagnostics_rows, s, quick)
-    _plot_calibration(out_dir, keys, calibration)
+    labels = {r["key"]: r["method"] for r in rows}
+    _plot_calibration(out_dir, keys, calibration, labels)
     if toy and grid_preds:
-        _plot_toy(out_dir, keys, grid_preds, split_list[0], x_grid)
+        _plot_toy(out_dir, keys, grid_preds, split_list[0], x_grid, labels)
     return rows
+
+
+METRICS = ("rmse", "log_likelihood", "coverage_90", "crps", "w2_to_reference", "seconds")
+
+
+def _reference_summary(reference, diagnostics_rows) -> dict:
+    if reference == "nuts":
+        rhat = torch.tensor([d["max_rhat_predictions"] for d in diagnostics_rows], dtype=torch.float64)
+        return {
+            "max_rhat_predictions": rhat.max().item(),
+            "median_max_rhat_predictions": rhat.median().item(),
+            "min_ess_predictions": min(d["min_ess_predictions"] for d in diagnostics_rows),
+            "divergences": sum(int(d["divergences"]) for d in diagnostics_rows),
+        }
+    worst = max(diagnostics_rows, key=lambda d: d["worst_rhat"])
+    return {
+        "worst_within_chain_rhat": worst["worst_rhat"],
+        "median_within_chain_rhat": float(torch.tensor([d["median_rhat"] for d in diagnostics_rows]).median()),
+        "drifting_chains": sum(d["drifting_chains"] for d in diagnostics_rows),
+        "chains_total": sum(d["chains"] for d in diagnostics_rows),
+        "verdict_worst_split": worst["verdict"],
+    }
 
 
 def format_markdown(dataset, rows, quick=False) -> str:
@@ -347,26 +435,34 @@ def format_markdown(dataset, rows, quick=False) -> str:
     lines = [
         f"# pyrobnn compare: {dataset}" + (" (quick)" if quick else ""),
         "",
-        "| method | splits | test RMSE | test log-lik | 90% coverage | CRPS | W2 to NUTS | fit time (s) |",
+        "| method | splits | test RMSE | test log-lik | 90% coverage | CRPS | W2 to reference | fit time (s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['splits']} | {pm(r, 'rmse')} | {pm(r, 'log_likelihood')} | {pm(r, 'coverage_90')} | "
-            f"{pm(r, 'crps')} | {pm(r, 'w2_to_nuts')} | {pm(r, 'seconds', 1)} |"
+            f"{pm(r, 'crps')} | {pm(r, 'w2_to_reference')} | {pm(r, 'seconds', 1)} |"
         )
-    nuts_row = next((r for r in rows if r.get("key") == "nuts" and "max_rhat_predictions" in r), None)
-    if nuts_row is not None:
-        converged = nuts_row["max_rhat_predictions"] <= RHAT_CONVERGED
+    ref = next((r for r in rows if r.get("key") == "reference"), None)
+    if ref is not None and "max_rhat_predictions" in ref:
+        converged = ref["max_rhat_predictions"] <= RHAT_CONVERGED
         lines += ["", (
-            f"NUTS on the test predictions: max R-hat {nuts_row['max_rhat_predictions']:.3f} (median over splits "
-            f"{nuts_row['median_max_rhat_predictions']:.3f}), min bulk ESS {nuts_row['min_ess_predictions']:.0f}, "
-            f"{nuts_row['divergences']} divergent transitions. "
+            f"Random-start NUTS on the test predictions: max R-hat {ref['max_rhat_predictions']:.3f} (median over splits "
+            f"{ref['median_max_rhat_predictions']:.3f}), min bulk ESS {ref['min_ess_predictions']:.0f}, "
+            f"{ref['divergences']} divergent transitions. "
         ) + (
             "The chains agree: NUTS is a converged reference."
             if converged else
-            f"R-hat above {RHAT_CONVERGED} means the chains disagree (they sit in different modes of the posterior): "
-            "NUTS is not a converged reference here, and 'W2 to NUTS' is a distance to the mixture of its chains."
+            f"R-hat above {RHAT_CONVERGED} means the chains disagree, so NUTS is not a converged reference here "
+            "(whether they sit in different modes or are still climbing, this table does not tell: see the "
+            "log-density traces), and 'W2 to reference' is a distance to the mixture of its chains."
+        )]
+    elif ref is not None and "worst_within_chain_rhat" in ref:
+        lines += ["", (
+            f"{ref['method'].replace(' (reference)', '')}: each chain judged on its own, within-chain R-hat on the test "
+            f"predictions and log density worst {ref['worst_within_chain_rhat']:.3f}, median {ref['median_within_chain_rhat']:.3f} "
+            f"over splits; {ref['drifting_chains']} of {ref['chains_total']} chains above {diagnostics_threshold()}. "
+            f"Worst split: {ref['verdict_worst_split']}"
         )]
     if dataset in PUBLISHED:
         lines += ["", "Published (Gal & Ghahramani 2016, Table 1; grid: DropoutUncertaintyExps README), mean ± SE over 20 splits:", ""]
@@ -377,23 +473,29 @@ def format_markdown(dataset, rows, quick=False) -> str:
     return "\n".join(lines) + "\n"
 
 
+def diagnostics_threshold() -> float:
+    from pyrobnn.diagnostics import WITHIN_CHAIN_RHAT_OK
+
+    return WITHIN_CHAIN_RHAT_OK
+
+
 def _write_outputs(out_dir, dataset, rows, per_split, calibration, diagnostics_rows, s, quick):
     markdown = format_markdown(dataset, rows, quick)
     if diagnostics_rows:
-        markdown += "\nNUTS convergence (per split): " + json.dumps(diagnostics_rows) + "\n"
+        markdown += "\nReference diagnostics (per split): " + json.dumps(diagnostics_rows) + "\n"
     atomic_write_text(markdown + f"\nSettings: {s}\n", os.path.join(out_dir, "results.md"))
-    fields = ["method", "key", "splits"] + [f"{m}{suf}" for m in ("rmse", "log_likelihood", "coverage_90", "crps", "w2_to_nuts", "seconds") for suf in ("", "_se")]
+    fields = ["method", "key", "splits"] + [f"{m}{suf}" for m in METRICS for suf in ("", "_se")]
     table = io.StringIO(newline="")
     writer = csv.DictWriter(table, fieldnames=fields)
     writer.writeheader()
     for r in rows:
         writer.writerow({k: r[k] for k in fields})
     atomic_write_text(table.getvalue(), os.path.join(out_dir, "results.csv"))
-    results = {"dataset": dataset, "summary": rows, "per_split": per_split, "nuts_diagnostics": diagnostics_rows, "settings": s.__dict__}
+    results = {"dataset": dataset, "summary": rows, "per_split": per_split, "reference_diagnostics": diagnostics_rows, "settings": s.__dict__}
     atomic_write_text(json.dumps(results, indent=2), os.path.join(out_dir, "results.json"))
 
 
-def _plot_calibration(out_dir, keys, calibration):
+def _plot_calibration(out_dir, keys, calibration, labels):
     import matplotlib.pyplot as plt
 
     from pyrobnn.plotting import save_figure
@@ -402,14 +504,14 @@ def _plot_calibration(out_dir, keys, calibration):
     ax.plot([0, 1], [0, 1], color="0.5", lw=1, ls="--", label="ideal")
     for key in keys:
         observed = torch.tensor(calibration[key], dtype=torch.float64).mean(0)
-        ax.plot(CALIBRATION_LEVELS, observed.tolist(), marker="o", ms=3, label=METHODS[key].label)
+        ax.plot(CALIBRATION_LEVELS, observed.tolist(), marker="o", ms=3, label=labels[key])
     ax.set_xlabel("nominal coverage of the central interval")
     ax.set_ylabel("observed coverage on the test set")
     ax.legend(fontsize=7)
     save_figure(fig, os.path.join(out_dir, "calibration.png"))
 
 
-def _plot_toy(out_dir, keys, grid_preds, split, x_grid):
+def _plot_toy(out_dir, keys, grid_preds, split, x_grid, labels):
     import matplotlib.pyplot as plt
 
     from pyrobnn.plotting import plot_regression_1d, save_figure
@@ -417,11 +519,11 @@ def _plot_toy(out_dir, keys, grid_preds, split, x_grid):
     cols = 4
     rows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), sharex=True, sharey=True, squeeze=False)
-    nuts_mean = grid_preds["nuts"].mean.reshape(-1)
+    reference_mean = grid_preds["reference"].mean.reshape(-1)
     for ax, key in zip(axes.ravel(), keys):
-        plot_regression_1d(ax, x_grid, grid_preds[key], split["x_train"], split["y_train"], title=METHODS[key].label)
-        if key != "nuts":
-            ax.plot(x_grid.reshape(-1), nuts_mean, color="C3", lw=1, ls="--", label="NUTS mean")
+        plot_regression_1d(ax, x_grid, grid_preds[key], split["x_train"], split["y_train"], title=labels[key])
+        if key != "reference":
+            ax.plot(x_grid.reshape(-1), reference_mean, color="C3", lw=1, ls="--", label="reference mean")
     for ax in axes.ravel()[len(keys):]:
         ax.axis("off")
     axes[0, 0].legend(fontsize=6, loc="upper left")

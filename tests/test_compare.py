@@ -39,13 +39,13 @@ def test_an_interrupted_uci_comparison_resumes_from_its_saved_splits(tmp_path, s
     monkeypatch.setattr(compare, "_run_split", lambda split, *a, **kw: (calls.append(split["split"]), run_split(split, *a, **kw))[1])
     rows = {r["key"]: r for r in compare.run_compare(splits=[0, 1], **kwargs)}
     assert calls == [1]
-    assert rows["nuts"]["splits"] == 2
+    assert rows["reference"]["splits"] == 2
     results = json.load(open(os.path.join(out, "results.json")))
-    assert results["per_split"]["nuts"][0]["rmse"] == saved["rows"]["nuts"]["rmse"]
-    # the table says how far NUTS's chains agree, over both splits
-    rhats = [d["max_rhat_predictions"] for d in results["nuts_diagnostics"]]
-    assert len(rhats) == 2 and rows["nuts"]["max_rhat_predictions"] == max(rhats)
-    assert f"max R-hat {max(rhats):.3f}" in open(os.path.join(out, "results.md")).read()
+    assert results["per_split"]["reference"][0]["rmse"] == saved["rows"]["reference"]["rmse"]
+    # the table says how stationary the reference's chains are, each on its own, over both splits
+    worst = [d["worst_rhat"] for d in results["reference_diagnostics"]]
+    assert len(worst) == 2 and rows["reference"]["worst_within_chain_rhat"] == max(worst)
+    assert f"worst {max(worst):.3f}" in open(os.path.join(out, "results.md")).read()
 
     # other settings (another seed) or more methods than were saved: the split runs again
     calls.clear()
@@ -57,3 +57,13 @@ def test_an_interrupted_uci_comparison_resumes_from_its_saved_splits(tmp_path, s
     calls.clear()
     compare.run_compare(splits=[0], resume=False, **kwargs)
     assert calls == [0]
+    calls.clear()
+    compare.run_compare(splits=[0], reference="ensemble-nuts", **kwargs)
+    assert calls == [0]
+
+
+def test_compare_refuses_an_unknown_reference_or_method(tmp_path):
+    with pytest.raises(ValueError, match="reference"):
+        compare.run_compare(out_dir=str(tmp_path), reference="hmc", quick=True, progress=False)
+    with pytest.raises(ValueError, match="unknown methods"):
+        compare.run_compare(out_dir=str(tmp_path), methods=["laplace"], quick=True, progress=False)
