@@ -106,14 +106,40 @@ def prefix_rhat(model, result, split, fractions=(0.2, 0.4, 0.6, 0.8, 1.0)):
 # ------------------------------------------------------------------------------ BlackJAX
 def blackjax_mclmc(potential, z0, s, seed):
     """BlackJAX's MCLMC on the same potential (re-written in JAX for the MLP of ``mile_model``),
-    from the same positions, the same steps; returns draws ``(C, S, D)`` and the wall time."""
+    from the same positions, the same steps; returns draws ``(C, S, D)`` and the wall time.
+
+    It runs in a child process: once JAX has run in a process, its thread pool slows PyTorch's
+    work there many times over (a deep ensemble took 112 s after it against 3 s before), which
+    would make every later timing of ours meaningless."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        job = os.path.join(tmp, "job.npz")
+        layout = np.array([[start, stop] for _, start, stop, _ in potential.blocks])
+        shapes = json.dumps([list(shape) for _, _, _, shape in potential.blocks])
+        np.savez(job, x=potential.x.numpy(), y=potential.y.numpy()[:, 0], z0=z0.numpy(), layout=layout, shapes=shapes,
+                 warmup=np.array(s["warmup"]), samples=s["samples"], thinning=s["thinning"], seed=seed)
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--blackjax-worker", job], check=True)
+        with np.load(os.path.join(tmp, "out.npz")) as out:
+            return torch.as_tensor(out["draws"].copy(), dtype=torch.float32), float(out["seconds"])
+
+
+def blackjax_worker(job):
+    """The child process of :func:`blackjax_mclmc`."""
     import jax
     import jax.numpy as jnp
     import blackjax
 
-    x = jnp.asarray(potential.x.numpy())
-    y = jnp.asarray(potential.y.numpy()[:, 0])
-    layout = [(start, stop, tuple(shape)) for _, start, stop, shape in potential.blocks]
+    with np.load(job) as f:
+        spec = {k: f[k] for k in f.files}
+    x, y = jnp.asarray(spec["x"]), jnp.asarray(spec["y"])
+    shapes = [tuple(v) for v in json.loads(str(spec["shapes"]))]
+    layout = [(int(a), int(b), shape) for (a, b), shape in zip(spec["layout"], shapes)]
+    n1, n2, n3 = (int(v) for v in spec["warmup"])
+    samples, thinning, seed = int(spec["samples"]), int(spec["thinning"]), int(spec["seed"])
+    z0 = jnp.asarray(spec["z0"])
+    dim = z0.shape[1]
 
     def logdensity(z):
         h = x
@@ -124,10 +150,8 @@ def blackjax_mclmc(potential, z0, s, seed):
                 h = jax.nn.relu(h)
         loc, scale = h[:, 0], jnp.clip(jnp.exp(h[:, 1]), 1e-6, 1e6)
         log_lik = jnp.sum(-0.5 * ((y - loc) / scale) ** 2 - jnp.log(scale) - 0.5 * math.log(2 * math.pi))
-        return log_lik - 0.5 * jnp.sum(z**2) - 0.5 * z.shape[0] * math.log(2 * math.pi)
+        return log_lik - 0.5 * jnp.sum(z**2) - 0.5 * dim * math.log(2 * math.pi)
 
-    dim = potential.dim
-    n1, n2, n3 = s["warmup"]
     total = n1 + n2 + n3
     kernel = blackjax.mcmc.mclmc.build_kernel(integrator=blackjax.mcmc.integrators.isokinetic_mclachlan)
     params0 = blackjax.adaptation.mclmc_adaptation.MCLMCAdaptationState(
@@ -147,18 +171,19 @@ def blackjax_mclmc(potential, z0, s, seed):
                 state, _ = kernel(key, state, logdensity, params.inverse_mass_matrix, params.L, params.step_size)
                 return state, None
 
-            state, _ = jax.lax.scan(step, state, jax.random.split(key, s["thinning"]))
+            state, _ = jax.lax.scan(step, state, jax.random.split(key, thinning))
             return state, state.position
 
-        _, draws = jax.lax.scan(thinned, state, jax.random.split(run_key, s["samples"] // s["thinning"]))
+        _, draws = jax.lax.scan(thinned, state, jax.random.split(run_key, samples // thinning))
         return draws
 
     run = jax.jit(jax.vmap(one_chain))
     keys = jax.random.split(jax.random.PRNGKey(seed), z0.shape[0])
     start = time.perf_counter()
-    draws = run(jnp.asarray(z0.numpy()), keys)
+    draws = run(z0, keys)
     draws.block_until_ready()
-    return torch.as_tensor(np.asarray(draws), dtype=torch.float32), time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    np.savez(os.path.join(os.path.dirname(job), "out.npz"), draws=np.asarray(draws), seconds=seconds)
 
 
 def as_result(potential, draws, seconds, method):
@@ -248,6 +273,9 @@ def summarize(records):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--blackjax-worker"]:
+        return blackjax_worker(argv[1])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="yacht, one seed, 4 members, short runs")
     parser.add_argument("--data-dir", default=None, help="folder holding uci/<name> (default $PYROBNN_DATA, else ../shared/data)")
@@ -321,7 +349,7 @@ def main(argv=None):
         summary["nuts4_ess_per_s"] = round(ours4["ess_per_s"], 3)
 
     if args.results and not args.quick:
-        command = "python benchmarks/uci_sampling.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "python benchmarks/uci_sampling.py " + " ".join(argv)
         entries = []
         for (name, method), e in table.items():
             for metric in ("lppd", "rmse"):

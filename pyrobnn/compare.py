@@ -134,7 +134,7 @@ class Settings:
 def settings(dataset: str, quick: bool) -> Settings:
     if quick:
         return Settings(epochs=150, batch_size=None, lr=1e-2, num_predictive=100, chains=2, warmup=60, samples=60, max_tree_depth=5,
-                        ensemble_epochs=100, mclmc_warmup=(300, 50, 50), mclmc_samples=400, mclmc_thinning=4)
+                        ensemble_epochs=500, mclmc_warmup=(300, 50, 50), mclmc_samples=400, mclmc_thinning=4)
     if dataset == "toy":
         return Settings(epochs=3000, batch_size=None, lr=1e-2, num_predictive=500, chains=8, warmup=300, samples=300, max_tree_depth=10,
                         ensemble_epochs=2000, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10)

@@ -80,9 +80,7 @@ def _leaf(
     chains with ``active`` false are left unchanged.
 
     The checkpoints ``r_ckpt`` and ``r_sum_ckpt`` (``(C, T, D)``) are only read here: an odd
-    leaf checks, an even leaf stores (:func:`_store_checkpoint`, after this call), never both.
-    Storing inside a compiled graph made it write a new copy of both arrays at every leaf,
-    about 14% of the leaf's time at 128 chains."""
+    leaf checks, an even leaf stores (in :func:`_leaf_block`, after this call), never both."""
     z_new, r_new, u_new, g_new = _leapfrog(potential, z, r, g, step, inv_mass)
     delta = u_new + _kinetic(r_new, inv_mass) - h0
     delta = torch.where(torch.isnan(delta), torch.full_like(delta, math.inf), delta)
@@ -102,34 +100,49 @@ def _leaf(
     return z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, accept_sum, n_steps, diverging
 
 
-def _store_checkpoint(r_ckpt, r_sum_ckpt, slot, r, r_sum):
-    """Checkpoint an even leaf's momentum and the subtree's momentum sum so far, in place. For
-    chains inactive at that leaf the values stored are stale, but such a chain's subtree has
-    already ended (turned, diverged or finished) and its checkpoints are never read again."""
-    r_ckpt[:, slot] = r
-    r_sum_ckpt[:, slot] = r_sum
+def _leaf_block(
+    potential, size, z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, r_ckpt, r_sum_ckpt,
+    building, accept_sum, n_steps, diverging, step, inv_mass, h0, log_u, check_slots, store_slots, exists,
+):
+    """``size`` consecutive leaves of a subtree in one graph (unrolled): for each, the chains
+    still building a valid subtree take a leaf (:func:`_leaf`), and an even leaf stores its
+    checkpoint (``store_slots[i]``, a one-hot row, or all false). Leaves past the subtree's end
+    (``exists[i]`` false) and chains that have turned or diverged are masked, so a block may
+    compute a few leapfrog steps that count for nothing; in exchange the per-call cost (Python,
+    Dynamo's guards, the host sync that asks whether any chain is still going) is paid once per
+    block instead of once per leaf, which is what dominates at a few chains."""
+    for i in range(size):
+        active = building & ~sub_bad & exists[i]
+        (z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, accept_sum, n_steps, diverging) = _leaf(
+            potential, z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, r_ckpt, r_sum_ckpt,
+            active, accept_sum, n_steps, diverging, step, inv_mass, h0, log_u[i], check_slots[i],
+        )
+        store = store_slots[i].reshape(1, -1, 1)
+        r_ckpt = torch.where(store, r.unsqueeze(1), r_ckpt)
+        r_sum_ckpt = torch.where(store, sub_r_sum.unsqueeze(1), r_sum_ckpt)
+    return z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, r_ckpt, r_sum_ckpt, accept_sum, n_steps, diverging
 
 
-def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: int = 10, generator=None, leaf=None):
+def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: int = 10, generator=None, leaf=None, block: int = 1):
     """One NUTS transition for every chain.
 
     :param step_size: ``(C,)``.
     :param inv_mass: diagonal inverse mass matrices, ``(C, D)``.
-    :param leaf: the leaf function to use (:func:`_leaf` bound to ``potential``, possibly
-        compiled); default the eager one.
+    :param leaf: the block function to use (:func:`_leaf_block` bound to ``potential`` and
+        ``block``, possibly compiled); default the eager one.
+    :param block: leaves per call of ``leaf``.
     :returns: the new state and per-chain statistics: ``accept_prob`` (mean Metropolis
         acceptance over the trajectory, for adaptation), ``tree_depth``, ``num_steps``,
         ``diverging``.
     """
     if leaf is None:
-        leaf = functools.partial(_leaf, potential)
+        leaf = functools.partial(_leaf_block, potential, block)
     z0, u0, g0 = state.z, state.energy, state.grad
     chains, dim = z0.shape
     dtype, device = z0.dtype, z0.device
     r0 = torch.randn(chains, dim, generator=generator, dtype=dtype, device=device) / inv_mass.sqrt()
     h0 = u0 + _kinetic(r0, inv_mass)
     step = step_size.reshape(chains, 1)
-    slots = _slot_masks(max_tree_depth, device)
 
     left = [z0, r0, g0]
     right = [z0, r0, g0]
@@ -157,17 +170,15 @@ def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: 
         sub_z, sub_u, sub_g = z, u0, g
         sub_r_sum = torch.zeros_like(r0)
         sub_bad = torch.zeros_like(done)  # turned or diverged inside the subtree
-        for n in range(2**j):
-            active = building & ~sub_bad
-            if not active.any():
+        for first in range(0, 2**j, block):
+            if first and not (building & ~sub_bad).any():
                 break
-            store_slot, check_slots = slots[n]
-            (z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, accept_sum, n_steps, diverging) = leaf(
+            check, store, exists = _block_masks(max_tree_depth, block, j, first, device)
+            log_u = torch.log(torch.rand(block, chains, generator=generator, dtype=dtype, device=device))
+            (z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, r_ckpt, r_sum_ckpt, accept_sum, n_steps, diverging) = leaf(
                 z, r, g, sub_z, sub_u, sub_g, sub_log_w, sub_r_sum, sub_bad, r_ckpt, r_sum_ckpt,
-                active, accept_sum, n_steps, diverging, signed_step, inv_mass, h0, torch.log(uniform()), check_slots,
+                building, accept_sum, n_steps, diverging, signed_step, inv_mass, h0, log_u, check, store, exists,
             )
-            if store_slot is not None:
-                _store_checkpoint(r_ckpt, r_sum_ckpt, store_slot, r, sub_r_sum)
         # merge the subtree where it is valid; otherwise the trajectory ends there
         ok = building & ~sub_bad
         accept = ok & (torch.log(uniform()) < sub_log_w - log_w)
@@ -190,23 +201,30 @@ def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: 
     return NUTSState(prop[0], prop[1], prop[2]), stats
 
 
-_SLOT_CACHE = {}
+_MASK_CACHE = {}
 
 
-def _slot_masks(max_tree_depth, device):
-    """For each leaf index of a subtree, the checkpoint slot it stores into (even leaves; None
-    for odd ones) and the slots whose sub-subtrees it completes (odd leaves), a boolean mask."""
-    key = (max_tree_depth, str(device))
-    if key not in _SLOT_CACHE:
-        masks = []
-        for n in range(2 ** (max_tree_depth - 1)):
+def _block_masks(max_tree_depth, block, depth, first, device):
+    """For leaves ``first .. first + block - 1`` of a subtree of ``2**depth`` leaves: the
+    checkpoint slots each odd leaf checks (``(block, T)``, NumPyro's leaf_idx_to_ckpt_idxs), the
+    slot each even leaf stores into (one-hot rows), and which leaves exist."""
+    key = (max_tree_depth, block, depth, first, str(device))
+    if key not in _MASK_CACHE:
+        check = torch.zeros(block, max_tree_depth, dtype=torch.bool)
+        store = torch.zeros(block, max_tree_depth, dtype=torch.bool)
+        exists = torch.zeros(block, dtype=torch.bool)
+        for i in range(block):
+            n = first + i
+            if n >= 2**depth:
+                continue
+            exists[i] = True
             lo, hi = _ckpt_indices(n)
-            check = torch.zeros(max_tree_depth, dtype=torch.bool, device=device)
             if n % 2 == 1:
-                check[lo : hi + 1] = True
-            masks.append((hi if n % 2 == 0 else None, check))
-        _SLOT_CACHE[key] = masks
-    return _SLOT_CACHE[key]
+                check[i, lo : hi + 1] = True
+            else:
+                store[i, hi] = True
+        _MASK_CACHE[key] = (check.to(device), store.to(device), exists.to(device))
+    return _MASK_CACHE[key]
 
 
 def find_step_size(potential, state, inv_mass, initial=1.0, generator=None):
@@ -323,15 +341,19 @@ def sample_nuts(
     progress: bool = True,
     transform=None,
     compile: bool = False,
+    leaf_block: int = 8,
 ):
     """Run NUTS on every chain of ``z_init`` (``(C, D)``); returns the samples ``(C, S, D)``
     (mapped through ``transform`` per draw if given) and per-draw statistics.
 
     :param compile: compile the leaf update (leapfrog with the potential's gradient, and the
         bookkeeping) with ``torch.compile``: about ten times fewer microseconds per leapfrog
-        step on small networks, for a few seconds of compilation."""
+        step on small networks, for a few seconds of compilation.
+    :param leaf_block: leaves of a subtree computed per call (:func:`_leaf_block`)."""
+    if not isinstance(leaf_block, int) or leaf_block < 1 or leaf_block & (leaf_block - 1):
+        raise ValueError(f"leaf_block must be a power of two, got {leaf_block!r}")
     chains, dim = z_init.shape
-    leaf = functools.partial(_leaf, potential)
+    leaf = functools.partial(_leaf_block, potential, leaf_block)
     if compile:
         leaf = torch.compile(leaf, dynamic=False)
     energy, grad = potential(z_init)
@@ -351,7 +373,7 @@ def sample_nuts(
         try:
             for i in range(num_warmup + num_samples):
                 warming = i < num_warmup
-                state, stats = nuts_step(potential, state, step, inv_mass, max_tree_depth, generator, leaf)
+                state, stats = nuts_step(potential, state, step, inv_mass, max_tree_depth, generator, leaf, leaf_block)
                 if warming:
                     step = adapter.update(stats["accept_prob"])
                     if adapt_mass and i >= window_start:
