@@ -73,6 +73,7 @@ def nuts(
     compile: bool = True,
     progress: bool = True,
     init=None,
+    leaf_block=None,
 ) -> MCMCResult:
     """NUTS for ``model`` conditioned on ``(x, y)``, all chains in one batched computation.
 
@@ -95,6 +96,8 @@ def nuts(
         :class:`~pyrobnn.infer.ensemble.EnsembleResult` (ensemble-initialized NUTS, Sommer et al.
         2024), an :class:`MCMCResult` (its last draws) or unconstrained vectors ``(chains, dim)``;
         ``num_chains`` is then their number.
+    :param leaf_block: leaves of a subtree per compiled call (see
+        :func:`~pyrobnn.infer.nuts.sample_nuts`; default 8 up to 16 chains, else 1).
     :param compile: compile each leapfrog step (potential, gradient and the tree bookkeeping)
         with ``torch.compile`` (default): seconds of compilation, then about ten times less time
         per step on small networks. Falls back to eager code with a warning if compilation fails.
@@ -118,6 +121,7 @@ def nuts(
             target_accept=target_accept,
             generator=generator,
             progress=progress,
+            leaf_block=leaf_block,
         )
         with torch.no_grad():
             if compile:

@@ -167,7 +167,8 @@ def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: 
         z, r, g = (_where(forward, a, b) for a, b in zip(right, left))
         building = ~done
         sub_log_w = torch.full((chains,), -math.inf, dtype=dtype, device=device)
-        sub_z, sub_u, sub_g = z, u0, g
+        # fresh tensors: an input that aliases another makes Dynamo compile a second graph
+        sub_z, sub_u, sub_g = z.clone(), u0, g.clone()
         sub_r_sum = torch.zeros_like(r0)
         sub_bad = torch.zeros_like(done)  # turned or diverged inside the subtree
         for first in range(0, 2**j, block):
@@ -341,7 +342,7 @@ def sample_nuts(
     progress: bool = True,
     transform=None,
     compile: bool = False,
-    leaf_block: int = 8,
+    leaf_block=None,
 ):
     """Run NUTS on every chain of ``z_init`` (``(C, D)``); returns the samples ``(C, S, D)``
     (mapped through ``transform`` per draw if given) and per-draw statistics.
@@ -349,10 +350,16 @@ def sample_nuts(
     :param compile: compile the leaf update (leapfrog with the potential's gradient, and the
         bookkeeping) with ``torch.compile``: about ten times fewer microseconds per leapfrog
         step on small networks, for a few seconds of compilation.
-    :param leaf_block: leaves of a subtree computed per call (:func:`_leaf_block`)."""
+    :param leaf_block: leaves of a subtree computed per call (:func:`_leaf_block`), a power of
+        two. Default: 8 for up to 16 chains, where the per-call cost dominates (measured at 4
+        chains on a 1-50-1 network: 46 us per leaf in blocks of 8 against 107 alone, one thread;
+        ``docs/benchmarks.md``), and 1 above, where the batch amortizes that cost and the
+        leaves a block computes past a short subtree's end would be paid for by every chain."""
+    chains, dim = z_init.shape
+    if leaf_block is None:
+        leaf_block = 8 if chains <= 16 else 1
     if not isinstance(leaf_block, int) or leaf_block < 1 or leaf_block & (leaf_block - 1):
         raise ValueError(f"leaf_block must be a power of two, got {leaf_block!r}")
-    chains, dim = z_init.shape
     leaf = functools.partial(_leaf_block, potential, leaf_block)
     if compile:
         leaf = torch.compile(leaf, dynamic=False)
