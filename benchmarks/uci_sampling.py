@@ -354,7 +354,8 @@ def main(argv=None):
         for (name, method), e in table.items():
             for metric in ("lppd", "rmse"):
                 entries.append({"name": f"{name}: {LABELS[method]} (MILE protocol)", "metric": metric, "value": e[metric],
-                                "se": e[f"{metric}_se"], "seeds": args.seeds, "seconds": e["seconds"], "command": command})
+                                "published": None, "se": e[f"{metric}_se"], "seeds": args.seeds, "seconds": e["seconds"],
+                                "command": command})
         record_results(args.results, entries)
     print(json.dumps(summary))
     return summary

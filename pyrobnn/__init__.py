@@ -18,6 +18,7 @@ from pyrobnn.guides import (
     VariationalDropout,
 )
 from pyrobnn.infer import KLAnnealing, SplitELBO, SVITrainer, fit
+from pyrobnn.infer.ensemble import deep_ensemble, ensemble_sampling
 from pyrobnn.io import load, save
 from pyrobnn.likelihoods import (
     BernoulliLikelihood,
@@ -55,6 +56,8 @@ __all__ = [
     "SplitELBO",
     "KLAnnealing",
     "predict",
+    "deep_ensemble",
+    "ensemble_sampling",
     "local_reparameterization",
     "flipout",
     "per_example_weights",

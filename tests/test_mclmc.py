@@ -59,6 +59,7 @@ def test_mclmc_recovers_the_mean_and_variance_of_a_gaussian():
     assert var_z.abs().max() < 5, var_z
 
 
+@pytest.mark.slow
 def test_mclmc_bias_shrinks_with_the_target_energy_variance():
     """MCLMC is unadjusted: at BlackJAX's default target (5e-4) the narrowest coordinate's variance
     is several percent low, far outside Monte Carlo error; the bias is O(eps^2) and the tuned eps
@@ -69,6 +70,7 @@ def test_mclmc_bias_shrinks_with_the_target_energy_variance():
     assert (1 - ratio[0]) > 3 * abs(1 - ratio_small[0])
 
 
+@pytest.mark.slow
 def test_mclmc_reaches_the_exact_conjugate_posterior():
     X, y, mean, precision = conjugate_problem(seed=2)
     result = mclmc(bayesian_linear_model(), X, y, num_samples=20_000, num_warmup=(2000, 500, 500), thinning=5,
