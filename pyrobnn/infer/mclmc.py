@@ -309,8 +309,10 @@ def sample_mclmc(
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be a positive number of steps, got {num_samples}")
-    if thinning < 1:
-        raise ValueError(f"thinning must be a positive integer, got {thinning}")
+    if not isinstance(thinning, int) or thinning < 1:
+        raise ValueError(f"thinning must be a positive integer, got {thinning!r}")
+    if num_samples < thinning:
+        raise ValueError(f"num_samples ({num_samples}) must be at least thinning ({thinning}): no draw would be kept")
     n1, n2, n3 = (int(v) for v in num_warmup)
     if min(n1, n2, n3) < 0:
         raise ValueError(f"num_warmup must be three non-negative step counts, got {num_warmup}")
