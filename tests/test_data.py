@@ -119,3 +119,25 @@ def test_uci_bad_paths_and_malformed_files(tmp_path, uci_root):
     (folder / "index_train_0.txt").unlink()
     with pytest.raises(ValueError, match="splits 0 to -1|missing"):
         uci("broken", 0, tmp_path)
+
+
+def test_uci_shuffled_splits_are_a_seeded_partition_standardized_by_training(uci_root):
+    """MILE's protocol: 70/10/20 from a shuffle seeded by the seed, z-scored with the training
+    part's statistics; the three parts partition the rows, and another seed gives another split."""
+    import numpy as np
+
+    from pyrobnn.data import uci_shuffled
+
+    a = uci_shuffled("yacht", 1, data_path=uci_root, dtype=torch.float64)
+    n = 308
+    assert a.x_train.shape[0] == round(0.7 * n) and a.x_val.shape[0] == round(0.1 * n)
+    assert a.x_train.shape[0] + a.x_val.shape[0] + a.x_test.shape[0] == n
+    assert np.isclose(a.y_train.mean().item(), 0, atol=1e-10) and np.isclose(a.y_train.std(unbiased=False).item(), 1)
+    rows = torch.cat([a.y_train, a.y_val, a.y_test]) * a.y_std + a.y_mean
+    data = np.loadtxt(os.path.join(uci_root, "uci", "yacht", "data.txt"))
+    assert np.allclose(np.sort(rows.numpy()[:, 0]), np.sort(data[:, -1]))
+    again = uci_shuffled("yacht", 1, data_path=uci_root, dtype=torch.float64)
+    assert torch.equal(a.x_test, again.x_test)
+    assert not torch.equal(a.y_test, uci_shuffled("yacht", 2, data_path=uci_root, dtype=torch.float64).y_test)
+    with pytest.raises(ValueError, match="fractions"):
+        uci_shuffled("yacht", 1, fractions=(0.5, 0.5, 0.5), data_path=uci_root)

@@ -147,3 +147,26 @@ def test_within_chain_summary_reads_stationary_chains_in_different_places():
     assert "stationary" in summary["verdict"] and "mode" not in summary["verdict"]
     assert summary["lppd"].shape == (2,)
     assert math.isfinite(summary["lppd_mixture"])
+
+
+def test_pack_inverts_unpack_with_a_constrained_noise_site():
+    import pyro.distributions as dist
+
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(3,)).double(), pyrobnn.GaussianLikelihood(scale=dist.LogNormal(0.0, 1.0)))
+    x = torch.randn(10, 2, dtype=torch.float64)
+    potential = FlatPotential(model.double().eval(), x, torch.randn(10, 1, dtype=torch.float64))
+    z = torch.randn(4, potential.dim, dtype=torch.float64)
+    torch.testing.assert_close(potential.pack(potential.unpack(z)), z)
+    with pytest.raises(ValueError, match="no values"):
+        potential.pack({"0.weight": torch.zeros(4, 3, 2)})
+
+
+def test_exp_link_heteroscedastic_likelihood_clips_the_scale():
+    lik = pyrobnn.HeteroscedasticGaussianLikelihood(min_scale=1e-6, max_scale=1e6, link="exp")
+    out = torch.tensor([[0.3, 0.0], [0.0, -50.0], [0.0, 50.0]], dtype=torch.float64)
+    loc, scale = lik.split(out)
+    torch.testing.assert_close(scale[:, 0], torch.tensor([1.0, 1e-6, 1e6], dtype=torch.float64))
+    with pytest.raises(ValueError, match="link"):
+        pyrobnn.HeteroscedasticGaussianLikelihood(link="relu")
+    with pytest.raises(ValueError, match="min_scale"):
+        pyrobnn.HeteroscedasticGaussianLikelihood(min_scale=-1)
