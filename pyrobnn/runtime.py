@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 
-__all__ = ["tune_cpu_allocator"]
+__all__ = ["tune_cpu_allocator", "raised_recompile_limits"]
+
+
+def raised_recompile_limits(enabled: bool = True):
+    """A context lifting Dynamo's per-function recompilation limits (a no-op unless ``enabled``).
+
+    A sampler compiles its step for each potential it is given (Dynamo guards on the potential
+    object), so each run compiles anew; past the default limit of 8 recompilations per function
+    Dynamo silently runs the step eagerly, several times slower, from the ninth run in a process
+    on (the ninth UCI split, or the ninth data set and seed of a benchmark)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    import torch._dynamo
+
+    names = {"recompile_limit": 4096, "cache_size_limit": 4096, "accumulated_recompile_limit": 65536, "accumulated_cache_size_limit": 65536}
+    return torch._dynamo.config.patch(**{k: v for k, v in names.items() if hasattr(torch._dynamo.config, k)})
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 

@@ -65,6 +65,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pyrobnn.infer.autocorrelation import effective_sample_size
+from pyrobnn.runtime import raised_recompile_limits
 
 __all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "tune_mclmc", "sample_mclmc", "MCLACHLAN_B1"]
 
@@ -321,25 +322,27 @@ def sample_mclmc(
     total = n1 + n2 + extra_precond + (n3 if n3 >= 2 else 0) + num_samples
     bar = tqdm(total=total, disable=not progress, desc="MCLMC", unit="step", dynamic_ncols=True, mininterval=0.5)
     stepper = _Stepper(potential, generator, compile)
-    try:
-        state = mclmc_init(potential, z_init, generator)
-        state, tuning, warm_stats = tune_mclmc(
-            potential, state, n1, n2, n3, step_size=step_size, L=L, energy_variance=energy_variance,
-            diagonal_preconditioning=diagonal_preconditioning, stepper=stepper, progress=bar.update if progress else None,
-        )
-        draws, energies, changes = [], [], []
-        nonfinite = torch.zeros(chains, dtype=torch.long, device=z_init.device)
-        for i in range(num_samples):
-            state, d_energy, finite = stepper(state, tuning)
-            nonfinite.add_((~finite).long())
-            if (i + 1) % thinning == 0:
-                draws.append(state.z)
-                energies.append(state.energy)
-                changes.append(d_energy)
-            if progress:
-                bar.update(1)
-    finally:
-        bar.close()
+    # the step is compiled for each potential (see raised_recompile_limits)
+    with raised_recompile_limits(enabled=compile):
+        try:
+            state = mclmc_init(potential, z_init, generator)
+            state, tuning, warm_stats = tune_mclmc(
+                potential, state, n1, n2, n3, step_size=step_size, L=L, energy_variance=energy_variance,
+                diagonal_preconditioning=diagonal_preconditioning, stepper=stepper, progress=bar.update if progress else None,
+            )
+            draws, energies, changes = [], [], []
+            nonfinite = torch.zeros(chains, dtype=torch.long, device=z_init.device)
+            for i in range(num_samples):
+                state, d_energy, finite = stepper(state, tuning)
+                nonfinite.add_((~finite).long())
+                if (i + 1) % thinning == 0:
+                    draws.append(state.z)
+                    energies.append(state.energy)
+                    changes.append(d_energy)
+                if progress:
+                    bar.update(1)
+        finally:
+            bar.close()
     stats = {
         "energy": torch.stack(energies, 1) if energies else z_init.new_zeros(chains, 0),
         "energy_change": torch.stack(changes, 1) if changes else z_init.new_zeros(chains, 0),

@@ -17,13 +17,14 @@ The functions here take a potential ``U(z)`` over ``z`` of shape ``(chains, dim)
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
+
+from pyrobnn.runtime import raised_recompile_limits
 
 __all__ = ["NUTSState", "nuts_step", "find_step_size", "DualAveraging", "WelfordVariance", "warmup_windows", "sample_nuts"]
 
@@ -340,16 +341,6 @@ def warmup_windows(num_warmup: int, init_buffer: int = 75, term_buffer: int = 50
     return ends
 
 
-def _dynamo_limits(raised: bool):
-    """A context lifting Dynamo's per-function recompilation limits (a no-op unless ``raised``)."""
-    if not raised:
-        return contextlib.nullcontext()
-    import torch._dynamo
-
-    names = {"recompile_limit": 4096, "cache_size_limit": 4096, "accumulated_recompile_limit": 65536, "accumulated_cache_size_limit": 65536}
-    return torch._dynamo.config.patch(**{k: v for k, v in names.items() if hasattr(torch._dynamo.config, k)})
-
-
 def sample_nuts(
     potential,
     z_init,
@@ -396,7 +387,7 @@ def sample_nuts(
     # Dynamo guards the compiled leaf on the potential object, so each run compiles anew; past
     # its default limit of 8 recompilations per function it would silently run the leaf
     # eagerly (10x slower) from the ninth run in a process on (e.g. the ninth UCI split).
-    with _dynamo_limits(raised=compile):
+    with raised_recompile_limits(enabled=compile):
         try:
             for i in range(num_warmup + num_samples):
                 warming = i < num_warmup
