@@ -121,10 +121,11 @@ class Settings:
     batch_size: Optional[int]
     lr: float
     num_predictive: int
-    chains: int  # random-start NUTS chains, or ensemble members (one chain each)
+    chains: int  # random-start NUTS chains
     warmup: int  # NUTS warm-up iterations
     samples: int  # NUTS draws per chain
     max_tree_depth: int
+    members: int  # deep-ensemble members (one chain each for the ensemble-initialized reference)
     ensemble_epochs: int
     mclmc_warmup: tuple  # steps of MCLMC's three tuning phases
     mclmc_samples: int  # MCLMC steps after tuning
@@ -134,12 +135,12 @@ class Settings:
 def settings(dataset: str, quick: bool) -> Settings:
     if quick:
         return Settings(epochs=150, batch_size=None, lr=1e-2, num_predictive=100, chains=2, warmup=60, samples=60, max_tree_depth=5,
-                        ensemble_epochs=500, mclmc_warmup=(300, 50, 50), mclmc_samples=400, mclmc_thinning=4)
+                        members=2, ensemble_epochs=500, mclmc_warmup=(300, 50, 50), mclmc_samples=400, mclmc_thinning=4)
     if dataset == "toy":
         return Settings(epochs=3000, batch_size=None, lr=1e-2, num_predictive=500, chains=8, warmup=300, samples=300, max_tree_depth=10,
-                        ensemble_epochs=2000, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10)
-    return Settings(epochs=400, batch_size=32, lr=1e-2, num_predictive=500, chains=8, warmup=200, samples=200, max_tree_depth=8,
-                    ensemble_epochs=400, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10)
+                        members=8, ensemble_epochs=2000, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10)
+    return Settings(epochs=400, batch_size=32, lr=1e-2, num_predictive=500, chains=4, warmup=200, samples=200, max_tree_depth=8,
+                    members=8, ensemble_epochs=400, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10)
 
 
 def predictive_w2(pred, ref, levels: int = 20) -> float:
@@ -176,7 +177,7 @@ CALIBRATION_LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
 
 def _ensemble(model, split, s, seed, progress):
     return deep_ensemble(
-        model, split["x_train"], split["y_train"], num_members=s.chains, validation=0.1, objective="map", lr=s.lr,
+        model, split["x_train"], split["y_train"], num_members=s.members, validation=0.1, objective="map", lr=s.lr,
         batch_size=s.batch_size, max_epochs=s.ensemble_epochs, patience=20, seed=seed, progress=progress,
     )
 
