@@ -3,7 +3,6 @@ reference) and MCLMC, from random starts or from given positions (a deep ensembl
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 import warnings
@@ -102,6 +101,20 @@ def nuts(
         with ``torch.compile`` (default): seconds of compilation, then about ten times less time
         per step on small networks. Falls back to eager code with a warning if compilation fails.
     """
+    def run(potential_fn, z0, generator, compiled):
+        return sample_nuts(
+            potential_fn, z0, num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth,
+            target_accept=target_accept, generator=generator, progress=progress, compile=compiled, leaf_block=leaf_block,
+        )
+
+    return _run_sampler(model, x, y, run, "NUTS", init, num_chains, init_radius, seed, compile)
+
+
+def _run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, compile) -> MCMCResult:
+    """What the model-level samplers share: check the model and data, build the potential and
+    the starting positions, run ``run(potential_fn, z0, generator, compiled)`` without gradients
+    (compiled, falling back to eager code with a warning if compilation fails), and unpack the
+    draws ``(chains, draws, dim)`` into sites, with the potential at every draw in the stats."""
     check_samplable(model)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)
@@ -111,36 +124,27 @@ def nuts(
         potential = FlatPotential(model, x, y)
         generator = torch.Generator(device=model.device).manual_seed(seed)
         z0 = initial_positions(potential, init, num_chains, init_radius, generator)
-        num_chains = z0.shape[0]
         start = time.perf_counter()
-        run = functools.partial(
-            sample_nuts,
-            num_samples=num_samples,
-            num_warmup=num_warmup,
-            max_tree_depth=max_tree_depth,
-            target_accept=target_accept,
-            generator=generator,
-            progress=progress,
-            leaf_block=leaf_block,
-        )
         with torch.no_grad():
             if compile:
                 try:
-                    draws, stats = run(potential.value_and_grad_functional, z_init=z0, compile=True)
+                    draws, stats = run(potential.value_and_grad_functional, z0, generator, True)
                 except Exception as e:  # no C++ compiler, an unsupported operation, ...
-                    warnings.warn(f"NUTS runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                    warnings.warn(f"{name} runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
                     generator.manual_seed(seed)
                     z0 = initial_positions(potential, init, num_chains, init_radius, generator)
-                    draws, stats = run(potential.value_and_grad, z_init=z0)
+                    draws, stats = run(potential.value_and_grad, z0, generator, False)
             else:
-                draws, stats = run(potential.value_and_grad, z_init=z0)
+                draws, stats = run(potential.value_and_grad, z0, generator, False)
         seconds = time.perf_counter() - start
-        values = potential.unpack(draws.reshape(num_chains * num_samples, potential.dim))
-        stats["energy"] = _energies(potential, draws)
+        chains, kept = draws.shape[:2]
+        values = potential.unpack(draws.reshape(chains * kept, potential.dim))
+        if "energy" not in stats:
+            stats["energy"] = _energies(potential, draws)
     finally:
         model.train(was_training)
-    samples = {k: v.reshape((num_chains, num_samples) + v.shape[1:]) for k, v in values.items()}
-    return MCMCResult(samples, stats, seconds, "pyrobnn NUTS" + (" (ensemble-initialized)" if init is not None else ""))
+    samples = {k: v.reshape((chains, kept) + v.shape[1:]) for k, v in values.items()}
+    return MCMCResult(samples, stats, seconds, f"pyrobnn {name}" + (" (ensemble-initialized)" if init is not None else ""))
 
 
 def initial_positions(potential, init, num_chains, init_radius, generator):
@@ -211,41 +215,17 @@ def mclmc(
         hold the potential at each draw (``energy``), the energy errors, the tuned ``step_size``,
         ``L`` and ``inv_mass``, and the steps undone for a non-finite result (``nonfinite``).
     """
-    check_samplable(model)
     if isinstance(num_warmup, int):
         num_warmup = (round(0.8 * num_warmup), round(0.1 * num_warmup), num_warmup - round(0.8 * num_warmup) - round(0.1 * num_warmup))
-    x, y = validate_training_data(model, x, y)
-    x, y = x.to(model.device), y.to(model.device)
-    was_training = model.training
-    model.eval()
-    try:
-        potential = FlatPotential(model, x, y)
-        generator = torch.Generator(device=model.device).manual_seed(seed)
-        z0 = initial_positions(potential, init, num_chains, init_radius, generator)
-        L0 = max(math.sqrt(potential.dim), 15.0) if L is None else L
-        start = time.perf_counter()
-        run = functools.partial(
-            sample_mclmc, num_samples=num_samples, num_warmup=num_warmup, thinning=thinning, step_size=step_size, L=L0,
-            energy_variance=energy_variance, diagonal_preconditioning=diagonal_preconditioning, generator=generator, progress=progress,
+
+    def run(potential_fn, z0, generator, compiled):
+        L0 = max(math.sqrt(z0.shape[1]), 15.0) if L is None else L
+        return sample_mclmc(
+            potential_fn, z0, num_samples, num_warmup, thinning=thinning, step_size=step_size, L=L0, energy_variance=energy_variance,
+            diagonal_preconditioning=diagonal_preconditioning, generator=generator, progress=progress, compile=compiled,
         )
-        with torch.no_grad():
-            if compile:
-                try:
-                    draws, stats = run(potential.value_and_grad_functional, z0, compile=True)
-                except Exception as e:  # no C++ compiler, an unsupported operation, ...
-                    warnings.warn(f"MCLMC runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-                    generator.manual_seed(seed)
-                    z0 = initial_positions(potential, init, num_chains, init_radius, generator)
-                    draws, stats = run(potential.value_and_grad, z0)
-            else:
-                draws, stats = run(potential.value_and_grad, z0)
-        seconds = time.perf_counter() - start
-        chains, kept = draws.shape[:2]
-        values = potential.unpack(draws.reshape(chains * kept, potential.dim))
-    finally:
-        model.train(was_training)
-    samples = {k: v.reshape((chains, kept) + v.shape[1:]) for k, v in values.items()}
-    return MCMCResult(samples, stats, seconds, "pyrobnn MCLMC" + (" (ensemble-initialized)" if init is not None else ""))
+
+    return _run_sampler(model, x, y, run, "MCLMC", init, num_chains, init_radius, seed, compile)
 
 
 def pyro_nuts(
