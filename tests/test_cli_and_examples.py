@@ -80,3 +80,18 @@ def test_compare_example(tmp_path):
     block = stdout[stdout.index("{\n"): stdout.rindex("}") + 1]
     results = json.loads(block)
     assert results["NUTS"]["rmse"] < 0.3 and results["NUTS"]["w2_to_nuts"] == 0.0
+
+
+@pytest.mark.slow
+def test_uci_sampling_benchmark_quick(tmp_path, shared_data_dir):
+    """The MILE-protocol benchmark's --quick mode (BlackJAX and NumPyro are in the optional bench
+    extra, so they are left out here): sampling from the ensemble beats the ensemble, and the
+    last line is the JSON summary with the within-chain diagnostics."""
+    if not os.path.isdir(os.path.join(shared_data_dir, "uci", "yacht")):
+        pytest.skip(f"UCI yacht not found under {shared_data_dir} (set PYROBNN_DATA)")
+    stdout = run([sys.executable, os.path.join(ROOT, "benchmarks", "uci_sampling.py"), "--quick", "--data-dir", shared_data_dir,
+                  "--out", "records", "--skip-blackjax", "--skip-numpyro"], tmp_path)
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["yacht/MCLMC/lppd"] > summary["yacht/DE/lppd"] and summary["yacht/NUTS/lppd"] > summary["yacht/DE/lppd"]
+    assert summary["mclmc_worst_within_chain_rhat"] >= 1.0 and "nuts_vs_mclmc_time" in summary
+    assert (tmp_path / "records" / "yacht-1-quick.json").exists()
