@@ -63,6 +63,9 @@ __all__ = [
     "SUPPORTED_LAYERS",
     "estimator_active",
     "apply_layer",
+    "Factor",
+    "squeeze_sample_dims",
+    "unit_noise_shape",
 ]
 
 #: layer types whose forward the estimators can compute from weight distributions
@@ -88,7 +91,7 @@ def _default_layer(module, x, sites, values):
 apply_layer = effectful(_default_layer, type="pyrobnn_layer")
 
 
-class _Factor:
+class Factor:
     """The variational factor of one parameter tensor as an estimator sees it."""
 
     __slots__ = ("kind", "mean", "std", "dist")
@@ -101,7 +104,7 @@ class _Factor:
         return self.std.square()
 
 
-def _squeeze_sample_dims(t, shape):
+def squeeze_sample_dims(t, shape):
     # a factor expanded by Pyro's plates (vectorized particles / Predictive) varies only in
     # its sample dimensions by broadcasting; its moments are those of the first slice
     extra = t.dim() - len(shape)
@@ -143,14 +146,14 @@ class Estimator(Messenger):
         if fn is None:
             # not drawn inside this handler (a Predictive shape probe, a guide run outside
             # it): the layer uses the value it was given, i.e. plain weight sampling
-            return _Factor("point", value)
+            return Factor("point", value)
         base = base_distribution(fn)
         if isinstance(base, UnitNoiseWeights):
-            return _Factor("units", _squeeze_sample_dims(base.loc, site.shape), dist=base)
+            return Factor("units", squeeze_sample_dims(base.loc, site.shape), dist=base)
         if isinstance(base, torch.distributions.Normal):
-            mean = _squeeze_sample_dims(base.loc, site.shape).expand(site.shape)
-            std = _squeeze_sample_dims(base.scale, site.shape).expand(site.shape)
-            return _Factor("gaussian", mean, std, base)
+            mean = squeeze_sample_dims(base.loc, site.shape).expand(site.shape)
+            std = squeeze_sample_dims(base.scale, site.shape).expand(site.shape)
+            return Factor("gaussian", mean, std, base)
         raise ValueError(
             f"{self.name} needs a factorized Gaussian or dropout-style posterior at site "
             f"{site.name!r}; got {type(base).__name__}"
@@ -168,7 +171,7 @@ class Estimator(Messenger):
                 factors[pname] = self._factor(sites[pname], values[pname])
             else:
                 param = module._parameters.get(pname)
-                factors[pname] = None if param is None else _Factor("point", param)
+                factors[pname] = None if param is None else Factor("point", param)
         return factors
 
     def _pyro_pyrobnn_layer(self, msg):
@@ -177,17 +180,19 @@ class Estimator(Messenger):
         w, b = factors["weight"], factors["bias"]
         if w is not None and w.kind == "units":
             # dropout-style noise per example on the layer's inputs: exact for every estimator
-            x = x * w.dist.noise(_unit_noise_shape(module, x))
-            w = _Factor("point", w.mean)
+            x = x * w.dist.noise(unit_noise_shape(module, x))
+            w = Factor("point", w.mean)
         if b is not None and b.kind == "units":
-            b = _Factor("point", b.mean)
+            b = Factor("point", b.mean)
         msg["value"] = self.layer_output(module, x, w, b)
 
     def layer_output(self, module, x, w, b):
         raise NotImplementedError
 
 
-def _unit_noise_shape(module, x):
+def unit_noise_shape(module, x):
+    """Shape of the per-example noise a layer draws: one value per example and feature
+    (``Linear``) or per example and channel (convolutions), broadcast over the rest."""
     if isinstance(module, nn.Linear):
         return x.shape[:1] + (1,) * (x.dim() - 2) + x.shape[-1:]
     return x.shape[:2] + (1,) * (x.dim() - 2)

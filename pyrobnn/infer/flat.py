@@ -20,7 +20,7 @@ import pyro
 import torch
 from torch.distributions import kl_divergence
 
-from pyrobnn.estimators import ESTIMATORS, Estimator, _Factor, _squeeze_sample_dims, _unit_noise_shape
+from pyrobnn.estimators import ESTIMATORS, Estimator, Factor, squeeze_sample_dims, unit_noise_shape
 from pyrobnn.distributions import UnitNoiseWeights
 from pyrobnn.guides.base import WeightGuide
 from pyrobnn.infer.elbo import ELBOTerms, SplitELBO
@@ -91,9 +91,9 @@ class FlatELBO:
     def _factor(self, q, site):
         base = base_distribution(q)
         if isinstance(base, UnitNoiseWeights):
-            return _Factor("units", base.loc, dist=base)
+            return Factor("units", base.loc, dist=base)
         if isinstance(base, torch.distributions.Normal):
-            return _Factor("gaussian", base.loc, base.scale, base)
+            return Factor("gaussian", base.loc, base.scale, base)
         raise ValueError(f"{self.estimator.name} needs a factorized Gaussian or dropout-style posterior at site {site.name!r}")
 
     def _fused_all(self):
@@ -138,7 +138,7 @@ class FlatELBO:
                     # as Normal.rsample draws it, so that both paths use the same numbers
                     values[site.name] = loc + torch.randn_like(loc) * scale
                 else:
-                    factors[site.name] = _Factor("gaussian", loc, scale)
+                    factors[site.name] = Factor("gaussian", loc, scale)
                 continue
             # element-wise factors and priors (sums taken here, not through Independent)
             q = guide.posterior(site)
@@ -180,10 +180,10 @@ class FlatELBO:
                 w = factors[sites["weight"].name] if "weight" in sites else _point(module, "weight")
                 b = factors[sites["bias"].name] if "bias" in sites else _point(module, "bias")
                 if w is not None and w.kind == "units":
-                    inp = inp * w.dist.noise(_unit_noise_shape(module, inp))
-                    w = _Factor("point", w.mean)
+                    inp = inp * w.dist.noise(unit_noise_shape(module, inp))
+                    w = Factor("point", w.mean)
                 if b is not None and b.kind == "units":
-                    b = _Factor("point", b.mean)
+                    b = Factor("point", b.mean)
                 return estimator.layer_output(module, inp, w, b)
 
             layers.append((module, forward))
@@ -216,4 +216,4 @@ def _map_over_sites(fn):
 
 def _point(module, name):
     param = module._parameters.get(name)
-    return None if param is None else _Factor("point", param)
+    return None if param is None else Factor("point", param)
