@@ -184,6 +184,20 @@ def _read_numbers(path, dtype, what):
         raise ValueError(f"{path} is malformed ({what}): {e}") from e
 
 
+def _read_table(folder):
+    """``data.txt`` (a finite table) and its feature and target column indices."""
+    import numpy as np
+
+    data = _read_numbers(os.path.join(folder, "data.txt"), np.float64, "data")
+    if data.ndim != 2:
+        raise ValueError(f"{os.path.join(folder, 'data.txt')} is malformed: expected a table of numbers")
+    if not np.isfinite(data).all():
+        raise ValueError(f"{os.path.join(folder, 'data.txt')} contains non-finite values")
+    features = _read_numbers(os.path.join(folder, "index_features.txt"), np.int64, "feature index")
+    target = _read_numbers(os.path.join(folder, "index_target.txt"), np.int64, "target index")
+    return data, features, target
+
+
 def uci_num_splits(name: str, data_path=None) -> int:
     """Number of standard splits of a UCI data set (20, or 5 for protein)."""
     folder = _uci_folder(name, data_path)
@@ -206,13 +220,7 @@ def uci(name: str, split: int = 0, data_path=None, dtype=torch.float32) -> UCISp
     n_splits = uci_num_splits(name, data_path)
     if not 0 <= split < n_splits:
         raise ValueError(f"{name} has splits 0 to {n_splits - 1}, not {split}")
-    data = _read_numbers(os.path.join(folder, "data.txt"), np.float64, "data")
-    if data.ndim != 2:
-        raise ValueError(f"{os.path.join(folder, 'data.txt')} is malformed: expected a table of numbers")
-    if not np.isfinite(data).all():
-        raise ValueError(f"{os.path.join(folder, 'data.txt')} contains non-finite values")
-    features = _read_numbers(os.path.join(folder, "index_features.txt"), np.int64, "feature index")
-    target = _read_numbers(os.path.join(folder, "index_target.txt"), np.int64, "target index")
+    data, features, target = _read_table(folder)
     train = _read_numbers(os.path.join(folder, f"index_train_{split}.txt"), np.int64, "training index")
     test = _read_numbers(os.path.join(folder, f"index_test_{split}.txt"), np.int64, "test index")
     rows, cols = data.shape
@@ -260,12 +268,10 @@ def uci_shuffled(name: str, seed: int, fractions=(0.7, 0.1, 0.2), data_path=None
 
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9 or fractions[0] == 0:
         raise ValueError(f"fractions must be three non-negative numbers summing to 1 with a training part, got {fractions}")
-    folder = _uci_folder(name, data_path)
-    data = _read_numbers(os.path.join(folder, "data.txt"), np.float64, "data")
-    if data.ndim != 2 or not np.isfinite(data).all():
-        raise ValueError(f"{os.path.join(folder, 'data.txt')} is malformed: expected a finite table of numbers")
-    features = _read_numbers(os.path.join(folder, "index_features.txt"), np.int64, "feature index")
-    target = _read_numbers(os.path.join(folder, "index_target.txt"), np.int64, "target index")
+    data, features, target = _read_table(_uci_folder(name, data_path))
+    for what, idx in (("feature", features), ("target", target)):
+        if idx.size == 0 or idx.min() < 0 or idx.max() >= data.shape[1]:
+            raise ValueError(f"{name}: {what} indices empty or out of range [0, {data.shape[1]})")
     x, y = data[:, features], data[:, target[:1]]
     n = x.shape[0]
     perm = np.random.default_rng(seed).permutation(n)
