@@ -89,10 +89,17 @@ def test_early_stopping_keeps_each_members_best_validation_state():
 
 
 def test_ensemble_initialized_chains_start_at_the_members():
-    """One chain per member; with no warm-up and one NUTS draw the chain has moved at most one
-    trajectory from its member, and MCLMC keeps one chain per member too."""
+    """The samplers' starting positions are exactly the members (packed to unconstrained
+    vectors), one chain per member, for MCLMC and NUTS alike."""
+    from pyrobnn.infer.hmc import initial_positions
+
     model, x, y = small_problem()
     ensemble = deep_ensemble(model, x, y, num_members=3, lr=1e-2, max_epochs=20, progress=False)
+    potential = FlatPotential(model.eval(), x, y)
+    start = initial_positions(potential, ensemble, None, 2.0, None)
+    members = potential.unpack(start)
+    for name, v in ensemble.samples.items():
+        torch.testing.assert_close(members[name], v[:, 0], rtol=0, atol=0)
     result = ensemble_sampling(model, x, y, ensemble, "mclmc", num_samples=40, num_warmup=(40, 10, 10), thinning=2, compile=False, progress=False)
     assert result.num_chains == 3 and result.num_draws == 20
     assert result.stats["energy"].shape == (3, 20)
