@@ -64,11 +64,11 @@ def torch_predictions(m, result):
     return out.reshape(result.num_chains, result.num_draws, -1).double().numpy()
 
 
-def run_pyrobnn(warmup, samples, chains, leaf_block=None):
+def run_pyrobnn(warmup, samples, chains):
     x, y = data()
     m = model()
     start = time.perf_counter()
-    result = nuts(m, x, y, num_samples=samples, num_warmup=warmup, num_chains=chains, seed=0, progress=False, leaf_block=leaf_block)
+    result = nuts(m, x, y, num_samples=samples, num_warmup=warmup, num_chains=chains, seed=0, progress=False)
     total = time.perf_counter() - start
     return {"wall_s": total, "sampling_s": result.seconds, "min_ess": min_ess(torch_predictions(m, result)), "chains": chains,
             "mean_tree_depth": result.stats["tree_depth"].double().mean().item(), "divergences": result.num_divergences}
@@ -135,12 +135,10 @@ def main(argv=None):
     parser.add_argument("--chains", default="64", help="pyrobnn's batched chains; a comma-separated list runs each (the best is compared)")
     parser.add_argument("--numpyro-runs", type=int, default=8, help="NumPyro runs (seeds) pooled; each runs one chain per core")
     parser.add_argument("--skip-pyro", action="store_true", help="leave out Pyro's NUTS (the slow one)")
-    parser.add_argument("--leaf-block", type=int, default=None,
-                        help="pyrobnn's leaves per compiled call (default: 8 up to 16 chains, else 1; 1 is the per-leaf path)")
     args = parser.parse_args(argv)
     warmup, samples = (50, 50) if args.quick else (300, 300)
     counts = [int(c) for c in args.chains.split(",")]
-    rows = {f"pyrobnn-{c}" if len(counts) > 1 else "pyrobnn": run_pyrobnn(warmup, samples, c, args.leaf_block) for c in counts}
+    rows = {f"pyrobnn-{c}" if len(counts) > 1 else "pyrobnn": run_pyrobnn(warmup, samples, c) for c in counts}
     numpyro_row = run_numpyro(warmup, samples, chains=os.cpu_count() or 1, runs=2 if args.quick else args.numpyro_runs)
     if numpyro_row is not None:
         rows["numpyro"] = numpyro_row

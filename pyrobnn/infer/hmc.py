@@ -72,7 +72,6 @@ def nuts(
     compile: bool = True,
     progress: bool = True,
     init=None,
-    leaf_block=None,
 ) -> MCMCResult:
     """NUTS for ``model`` conditioned on ``(x, y)``, all chains in one batched computation.
 
@@ -95,16 +94,15 @@ def nuts(
         :class:`~pyrobnn.infer.ensemble.EnsembleResult` (ensemble-initialized NUTS, Sommer et al.
         2024), an :class:`MCMCResult` (its last draws) or unconstrained vectors ``(chains, dim)``;
         ``num_chains`` is then their number.
-    :param leaf_block: leaves of a subtree per compiled call (see
-        :func:`~pyrobnn.infer.nuts.sample_nuts`; default 8 up to 16 chains, else 1).
-    :param compile: compile each leapfrog step (potential, gradient and the tree bookkeeping)
-        with ``torch.compile`` (default): seconds of compilation, then about ten times less time
-        per step on small networks. Falls back to eager code with a warning if compilation fails.
+    :param compile: compile each trajectory doubling (its leapfrog steps in a loop inside
+        compiled code, the potential's gradient and the tree bookkeeping) with ``torch.compile``
+        (default): seconds of compilation, then many times less time per step on small
+        networks. Falls back to eager code with a warning if compilation fails.
     """
     def run(potential_fn, z0, generator, compiled):
         return sample_nuts(
             potential_fn, z0, num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth,
-            target_accept=target_accept, generator=generator, progress=progress, compile=compiled, leaf_block=leaf_block,
+            target_accept=target_accept, generator=generator, progress=progress, compile=compiled,
         )
 
     return _run_sampler(model, x, y, run, "NUTS", init, num_chains, init_radius, seed, compile)
@@ -128,7 +126,12 @@ def _run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, co
         with torch.no_grad():
             if compile:
                 try:
-                    draws, stats = run(potential.value_and_grad_functional, z0, generator, True)
+                    # the positions are unconstrained and mapped into each support, so
+                    # distribution argument checks (Pyro's validation) cannot fail here; inside
+                    # compiled code each would be a data-dependent branch, which the compiled
+                    # NUTS loop refuses
+                    with pyro.validation_enabled(False):
+                        draws, stats = run(potential.value_and_grad_functional, z0, generator, True)
                 except Exception as e:  # no C++ compiler, an unsupported operation, ...
                     warnings.warn(f"{name} runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
                     generator.manual_seed(seed)
