@@ -278,7 +278,7 @@ def main(argv=None):
         return blackjax_worker(argv[1])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="yacht, one seed, 4 members, short runs")
-    parser.add_argument("--data-dir", default=None, help="folder holding uci/<name> (default $PYROBNN_DATA, else ../shared/data)")
+    parser.add_argument("--data-dir", default=None, help="folder holding uci/<name> (default $PYROBNN_DATA)")
     parser.add_argument("--datasets", default=None, help=f"comma-separated (default {','.join(DATASETS)}; yacht with --quick)")
     parser.add_argument("--seeds", default=None, help="comma-separated shuffle seeds (default 1,2,3; 1 with --quick)")
     parser.add_argument("--out", default="runs/uci_sampling", help="folder for the per-run records (resumed from)")

@@ -1,0 +1,91 @@
+"""The Laplace approximation on conjugate Bayesian linear regression, where it is exact.
+
+For y = X w + e, e ~ N(0, s_n^2), w ~ N(0, s_p^2 I) the log joint is quadratic in w: its mode is
+the posterior mean m = L^-1 X^T y / s_n^2, its Hessian the posterior precision
+L = X^T X / s_n^2 + I / s_p^2, and the Laplace marginal likelihood equals the evidence
+log N(y; 0, s_n^2 I + s_p^2 X X^T) exactly. For a single linear layer with one output the
+Kronecker factors of the GGN are exact as well (the output factor is the constant 1 / s_n^2).
+"""
+
+import math
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Predictive
+from torch import nn
+
+import pyrobnn
+from pyrobnn.infer.laplace import laplace
+from test_conjugate import NOISE, PRIOR, bayesian_linear_model, conjugate_problem
+
+
+def evidence(X, y):
+    cov = NOISE**2 * torch.eye(X.shape[0], dtype=X.dtype) + PRIOR**2 * X @ X.T
+    return torch.distributions.MultivariateNormal(torch.zeros_like(y), cov).log_prob(y).item()
+
+
+@pytest.mark.parametrize("hessian", ["full", "kron"])
+def test_laplace_is_exact_on_the_conjugate_model(hessian):
+    X, y, mean, precision = conjugate_problem()
+    model = bayesian_linear_model()
+    result = laplace(model, X, y.unsqueeze(-1), hessian=hessian, tune_prior=False, map_estimate={"weight": mean.reshape(1, 3)},
+                     num_samples=20000, seed=1)
+    la = result.approximation
+    exact_cov = torch.linalg.inv(precision)
+    cov = la.posterior_covariance if hessian == "full" else torch.linalg.inv(la.posterior_precision.to_matrix())
+    assert torch.allclose(cov, exact_cov, rtol=1e-6, atol=1e-12)  # exact up to rounding in the curvature sums
+    assert result.log_marginal_likelihood == pytest.approx(evidence(X, y), abs=1e-6)
+    # the draws land on the model's site with the posterior's moments (Monte Carlo error:
+    # standard error sd / sqrt(S) of the mean, sqrt(2 / S) relative for a variance)
+    w = result.samples["weight"].reshape(-1, 3)
+    sd = exact_cov.diagonal().sqrt()
+    assert ((w.mean(0) - mean).abs() < 5 * sd / math.sqrt(w.shape[0])).all()
+    assert ((w.var(0) / sd**2 - 1).abs() < 5 * math.sqrt(2 / w.shape[0])).all()
+
+
+def test_laplace_trains_the_map_of_the_log_joint():
+    """Without a given MAP, the mode of the model's log joint (prior included) is found; the
+    optimizer's tolerance, not Monte Carlo error, bounds the difference."""
+    X, y, mean, _ = conjugate_problem()
+    model = bayesian_linear_model()
+    result = laplace(model, X, y.unsqueeze(-1), hessian="full", tune_prior=False,
+                     map_options={"lr": 0.05, "batch_size": None, "max_epochs": 2000})
+    assert torch.allclose(result.map_values["weight"].reshape(-1), mean, atol=2e-4)
+
+
+def test_tuning_the_prior_precision_raises_the_marginal_likelihood():
+    X, y, mean, _ = conjugate_problem()
+    fixed = laplace(bayesian_linear_model(), X, y.unsqueeze(-1), hessian="full", tune_prior=False, map_estimate={"weight": mean.reshape(1, 3)})
+    tuned = laplace(bayesian_linear_model(), X, y.unsqueeze(-1), hessian="full", tune_prior=True, map_estimate={"weight": mean.reshape(1, 3)})
+    assert tuned.log_marginal_likelihood > fixed.log_marginal_likelihood + 1e-3
+    assert not torch.allclose(tuned.prior_precision, fixed.prior_precision)
+
+
+def test_last_layer_laplace_keeps_the_other_sites_at_the_map_and_feeds_predictive():
+    torch.manual_seed(0)
+    x = torch.randn(40, 2)
+    y = torch.sin(x[:, :1]) + 0.1 * torch.randn(40, 1)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(8,)), pyrobnn.GaussianLikelihood(scale=0.1), pyrobnn.NormalPrior(1.0))
+    result = laplace(model, x, y, subset="last_layer", hessian="kron", num_samples=50, map_options={"max_epochs": 50})
+    first = [s.name for s in model.sites][0]
+    last = [s.name for s in model.sites][-1]
+    assert (result.samples[first] == result.map_values[first]).all()
+    assert result.samples[last].std(1).min() > 0
+    prediction = pyrobnn.predict(model, result, x[:5])
+    assert prediction.mean.shape == (5, 1) and prediction.epistemic_std.min() > 0
+    out = Predictive(model, posterior_samples=result.flat_samples(), return_sites=["_RETURN"])(x[:5])["_RETURN"]
+    assert out.shape == (50, 5, 1)
+    glm = result.linearized_predict(x[:5], num_samples=30)
+    assert glm.loc_samples.shape == (30, 5, 1)
+
+
+def test_laplace_refuses_what_it_cannot_represent():
+    X, y, _, _ = conjugate_problem()
+    mixture = pyrobnn.BayesianModel(nn.Linear(3, 1, bias=False).double(), pyrobnn.GaussianLikelihood(scale=NOISE), pyrobnn.ScaleMixturePrior())
+    with pytest.raises(ValueError, match="Gaussian prior.*weight.*ScaleMixturePrior"):
+        laplace(mixture, X, y.unsqueeze(-1))
+    with pytest.raises(ValueError, match="hessian must be one of"):
+        laplace(bayesian_linear_model(), X, y.unsqueeze(-1), hessian="lowrank")
+    with pytest.raises(ValueError, match="subset must be one of"):
+        laplace(bayesian_linear_model(), X, y.unsqueeze(-1), subset="first_layer")
