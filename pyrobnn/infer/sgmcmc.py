@@ -1,0 +1,195 @@
+r"""Stochastic-gradient MCMC on a BayesianModel: SGLD and SGHMC, with a constant or cyclical
+step size.
+
+Both use the minibatch estimate of the log joint's gradient in the unconstrained space of
+:class:`~pyrobnn.infer.potential.FlatPotential`,
+
+.. math:: \hat g(w) = \nabla \log p(w) + \frac{N}{B} \sum_{n \in \mathcal B} \nabla \log p(y_n \mid x_n, w),
+
+unbiased for :math:`\nabla \log p(w \mid \mathcal D)`, and run all chains as one batch.
+
+- **SGLD** (Welling & Teh 2011): :math:`w \leftarrow w + \frac\epsilon2 \hat g(w) + \sqrt\epsilon\, \xi`,
+  :math:`\xi \sim N(0, I)`.
+- **SGHMC** (Chen, Fox & Guestrin 2014, eq. 15, with the noise estimate :math:`\hat\beta = 0`):
+  :math:`v \leftarrow (1 - \alpha) v + \eta \hat g(w) + \sqrt{2 \alpha \eta}\, \xi`,
+  :math:`w \leftarrow w + v`, with learning rate :math:`\eta` and friction :math:`\alpha`.
+- **Cyclical schedule** (Zhang et al. 2020, ICLR, eq. 1): over :math:`K` steps in :math:`M`
+  cycles, :math:`\epsilon_k = \frac{\epsilon_0}{2}\big[\cos\big(\pi \frac{(k-1) \bmod \lceil K/M \rceil}{\lceil K/M \rceil}\big) + 1\big]`;
+  in the first ``exploration`` fraction of each cycle the noise is off (optimization), in the
+  rest draws are kept every ``thinning`` steps.
+
+With a constant step size, draws are kept every ``thinning`` steps after ``num_burnin``. Neither
+sampler has a Metropolis correction: the draws are biased by the step size (for SGLD on a
+Gaussian of precision :math:`\lambda` the stationary variance is
+:math:`1 / (\lambda (1 - \epsilon\lambda/4))`, which the tests check).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from pyrobnn.infer.ensemble import member_initializations
+from pyrobnn.infer.fit import validate_training_data
+from pyrobnn.infer.hmc import MCMCResult, check_samplable, initial_positions
+from pyrobnn.infer.potential import FlatPotential
+
+__all__ = ["sgld", "sghmc", "sgld_step", "sghmc_step", "cyclical_step_size", "minibatch_log_joint_grad", "SCHEDULES"]
+
+SCHEDULES = ("constant", "cyclical")
+
+
+def sgld_step(z, grad, step_size, generator=None, noise: bool = True):
+    """One SGLD update of ``z`` (``(C, D)``) given the log-density gradient estimate ``grad``."""
+    z = z + 0.5 * step_size * grad
+    if noise:
+        z = z + math.sqrt(step_size) * torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device)
+    return z
+
+
+def sghmc_step(z, v, grad, lr, friction, generator=None, noise: bool = True):
+    """One SGHMC update; returns ``(z, v)``."""
+    v = (1.0 - friction) * v + lr * grad
+    if noise:
+        v = v + math.sqrt(2.0 * friction * lr) * torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device)
+    return z + v, v
+
+
+def cyclical_step_size(k: int, num_steps: int, num_cycles: int, initial: float) -> float:
+    """Zhang et al. (2020)'s cosine step size at step ``k`` (0-based) of ``num_steps``."""
+    period = math.ceil(num_steps / num_cycles)
+    return 0.5 * initial * (math.cos(math.pi * (k % period) / period) + 1.0)
+
+
+def minibatch_log_joint_grad(potential, z, x, y, dataset_size):
+    r""":math:`\hat g` for every chain: the prior's gradient plus ``dataset_size / B`` times the
+    minibatch likelihood's."""
+    with torch.enable_grad():
+        z = z.detach().requires_grad_(True)
+        log_prior, log_lik = potential.log_joint_terms(z, x, y)
+        total = log_prior + (dataset_size / x.shape[0]) * log_lik
+        (grad,) = torch.autograd.grad(total.sum(), z)
+    return grad
+
+
+def _check_positive_int(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
+         batch_size, num_chains, init, seed, progress):
+    check_samplable(model)
+    if not (isinstance(step_size, (int, float)) and step_size > 0 and math.isfinite(step_size)):
+        raise ValueError(f"step_size must be a positive number, got {step_size!r}")
+    if kind == "sghmc" and not 0.0 < friction <= 1.0:
+        raise ValueError(f"friction must be in (0, 1], got {friction!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    for name, value in (("num_steps", num_steps), ("thinning", thinning), ("num_cycles", num_cycles), ("batch_size", batch_size)):
+        _check_positive_int(name, value)
+    if num_burnin is None:
+        num_burnin = num_steps // 2
+    if schedule == "constant" and (not isinstance(num_burnin, int) or num_burnin < 0 or num_burnin >= num_steps):
+        raise ValueError(f"num_burnin must be an integer in [0, num_steps), got {num_burnin!r}")
+    if not 0.0 <= exploration < 1.0:
+        raise ValueError(f"exploration must be a fraction in [0, 1), got {exploration!r}")
+    if schedule == "cyclical" and num_cycles > num_steps:
+        raise ValueError(f"num_cycles ({num_cycles}) exceeds num_steps ({num_steps})")
+    x, y = validate_training_data(model, x, y)
+    x, y = x.to(model.device, model.dtype), y.to(model.device)
+    was_training = model.training
+    model.eval()
+    try:
+        potential = FlatPotential(model, x, y)
+        y = potential.y
+        generator = torch.Generator(device=model.device).manual_seed(seed)
+        if init is None:
+            _check_positive_int("num_chains", num_chains)
+            z = member_initializations(model, potential, num_chains, seed)
+        else:
+            z = initial_positions(potential, init, num_chains, 2.0, generator)
+        v = torch.zeros_like(z)
+        n = x.shape[0]
+        batch_size = min(batch_size, n)
+        order = torch.Generator().manual_seed(seed)
+        perm, cursor = torch.randperm(n, generator=order), 0
+        period = math.ceil(num_steps / num_cycles)
+        draws, steps_kept = [], []
+        start = time.perf_counter()
+        bar = tqdm(total=num_steps, disable=not progress, desc=kind.upper(), unit="step", dynamic_ncols=True)
+        try:
+            for k in range(num_steps):
+                if cursor + batch_size > n:
+                    perm, cursor = torch.randperm(n, generator=order), 0
+                idx = perm[cursor : cursor + batch_size].to(x.device)
+                cursor += batch_size
+                if schedule == "cyclical":
+                    eps = cyclical_step_size(k, num_steps, num_cycles, step_size)
+                    sampling = (k % period) >= exploration * period
+                else:
+                    eps, sampling = step_size, True
+                grad = minibatch_log_joint_grad(potential, z, x[idx], y[idx], n)
+                if kind == "sgld":
+                    z = sgld_step(z, grad, eps, generator, noise=sampling)
+                else:
+                    z, v = sghmc_step(z, v, grad, eps, friction, generator, noise=sampling)
+                if not torch.isfinite(z).all():
+                    raise FloatingPointError(
+                        f"{kind} diverged at step {k + 1} (non-finite parameters): lower step_size (now {step_size})"
+                    )
+                keep = sampling and (k + 1) % thinning == 0
+                if schedule == "constant":
+                    keep = keep and k >= num_burnin
+                if keep:
+                    draws.append(z.detach().clone())
+                    steps_kept.append(k + 1)
+                bar.update(1)
+        finally:
+            bar.close()
+        seconds = time.perf_counter() - start
+        if not draws:
+            raise ValueError(f"no draws kept: num_steps={num_steps} with thinning={thinning} keeps none after burn-in")
+        stacked = torch.stack(draws, 1)
+        chains, kept, dim = stacked.shape
+        values = potential.unpack(stacked.reshape(chains * kept, dim))
+    finally:
+        model.train(was_training)
+    samples = {name: value.reshape((chains, kept) + value.shape[1:]) for name, value in values.items()}
+    label = f"{kind.upper()}" + (" (cyclical)" if schedule == "cyclical" else "")
+    return MCMCResult(samples, {"step": torch.tensor(steps_kept)}, seconds, label)
+
+
+def sgld(
+    model, x, y, *, step_size: float = 1e-4, num_steps: int = 10_000, num_burnin=None, thinning: int = 50,
+    schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128, num_chains: int = 1,
+    init=None, seed: int = 0, progress: bool = True,
+) -> MCMCResult:
+    """SGLD draws from ``model``'s posterior given ``(x, y)``, as an
+    :class:`~pyrobnn.infer.hmc.MCMCResult` (``predict``, ``Predictive`` and ArviZ take it).
+
+    :param step_size: :math:`\\epsilon` (the initial one with ``schedule="cyclical"``).
+    :param num_burnin: steps before the first kept draw (constant schedule; default half of
+        ``num_steps``).
+    :param schedule: ``"constant"`` or ``"cyclical"`` (cSGLD; ``num_cycles``, ``exploration``).
+    :param num_chains: chains run as one batch, each started at the network's own initialization
+        under seed ``seed + k`` (as deep-ensemble members are), or from ``init``.
+    """
+    return _run(model, x, y, "sgld", step_size=step_size, friction=None, num_steps=num_steps, num_burnin=num_burnin,
+                thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
+                num_chains=num_chains, init=init, seed=seed, progress=progress)
+
+
+def sghmc(
+    model, x, y, *, step_size: float = 1e-5, friction: float = 0.1, num_steps: int = 10_000, num_burnin=None,
+    thinning: int = 50, schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128,
+    num_chains: int = 1, init=None, seed: int = 0, progress: bool = True,
+) -> MCMCResult:
+    """SGHMC draws (learning rate ``step_size`` :math:`= \\eta`, ``friction`` :math:`= \\alpha`);
+    otherwise as :func:`sgld`. With ``schedule="cyclical"`` this is cSGHMC."""
+    return _run(model, x, y, "sghmc", step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin,
+                thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
+                num_chains=num_chains, init=init, seed=seed, progress=progress)
