@@ -1,0 +1,171 @@
+r"""SWAG: the SWA-Gaussian posterior of a BayesianModel (Maddox et al. 2019, NeurIPS).
+
+From the MAP of the model's log joint, SGD with a constant learning rate runs on, and the
+iterates :math:`w_1, \dots, w_T` collected once per epoch give the Gaussian
+
+.. math:: q(w) = N\!\big(\bar w,\; \tfrac12 \Sigma_{\text{diag}} + \tfrac{1}{2(K-1)} \hat D \hat D^\top\big),
+          \qquad \bar w = \tfrac1T \sum_t w_t, \quad
+          \Sigma_{\text{diag}} = \operatorname{diag}\big(\tfrac1T \sum_t w_t^2 - \bar w^2\big),
+
+where the columns of :math:`\hat D` are the deviations :math:`w_t - \bar w_t` of the last
+:math:`K` iterates from the running mean at their time (Maddox et al., sec. 3). Draws
+:math:`w = \bar w + \tfrac{1}{\sqrt2} \Sigma_{\text{diag}}^{1/2} z_1 + \tfrac{1}{\sqrt{2(K-1)}} \hat D z_2`
+with :math:`z_1 \sim N(0, I_d)`, :math:`z_2 \sim N(0, I_K)`.
+
+Several SWAG runs (``num_runs``, from different MAP members) batch as rows of one tensor,
+MultiSWAG (Wilson & Izmailov 2020); the draws of each run form one chain.
+Everything lives in the unconstrained space of :class:`~pyrobnn.infer.potential.FlatPotential`.
+Networks with batch normalization are refused: SWAG needs the normalization statistics
+recomputed for each draw, which this implementation does not do.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble
+from pyrobnn.infer.fit import validate_training_data
+from pyrobnn.infer.hmc import MCMCResult, check_samplable
+from pyrobnn.infer.potential import FlatPotential
+
+__all__ = ["SWAGMoments", "SWAGResult", "swag", "swag_moments"]
+
+
+@dataclass
+class SWAGMoments:
+    """The SWAG Gaussian per run: ``mean`` and ``diagonal`` ``(R, d)``, ``deviations``
+    ``(R, K, d)`` (rows of :math:`\\hat D^\\top`)."""
+
+    mean: torch.Tensor
+    diagonal: torch.Tensor
+    deviations: torch.Tensor
+
+    def covariance(self) -> torch.Tensor:
+        """``(R, d, d)``: :math:`\\tfrac12 \\Sigma_{diag} + \\hat D \\hat D^\\top / (2(K-1))`."""
+        k = self.deviations.shape[1]
+        low_rank = self.deviations.transpose(1, 2) @ self.deviations / (2 * max(k - 1, 1))
+        return torch.diag_embed(0.5 * self.diagonal) + low_rank
+
+    def sample(self, num_samples: int, generator=None) -> torch.Tensor:
+        """``(R, S, d)`` draws."""
+        runs, k, d = self.deviations.shape
+        opts = {"generator": generator, "dtype": self.mean.dtype, "device": self.mean.device}
+        z1 = torch.randn(runs, num_samples, d, **opts)
+        z2 = torch.randn(runs, num_samples, k, **opts)
+        diag_part = z1 * self.diagonal.clamp_min(0).sqrt().unsqueeze(1) / math.sqrt(2)
+        low_rank = (z2 @ self.deviations) / math.sqrt(2 * max(k - 1, 1))
+        return self.mean.unsqueeze(1) + diag_part + low_rank
+
+
+def swag_moments(iterates: torch.Tensor, rank: int) -> SWAGMoments:
+    """The SWAG moments from collected iterates ``(R, T, d)`` (each run's snapshots in order),
+    keeping the deviations of the last ``rank`` of them from the running mean at their time."""
+    if iterates.dim() != 3 or iterates.shape[1] < 2:
+        raise ValueError(f"need iterates of shape (runs, T >= 2, dim), got {tuple(iterates.shape)}")
+    t = iterates.shape[1]
+    counts = torch.arange(1, t + 1, dtype=iterates.dtype, device=iterates.device).reshape(1, -1, 1)
+    running_mean = iterates.cumsum(1) / counts
+    mean = running_mean[:, -1]
+    diagonal = (iterates**2).mean(1) - mean**2
+    deviations = (iterates - running_mean)[:, -min(rank, t):]
+    return SWAGMoments(mean, diagonal.clamp_min(0), deviations)
+
+
+@dataclass
+class SWAGResult(MCMCResult):
+    """SWAG draws, one chain per run (``{site: (R, S, *shape)}``), with the Gaussian's
+    ``moments`` in the unconstrained space."""
+
+    moments: SWAGMoments = None
+
+
+def swag(
+    model,
+    x,
+    y,
+    *,
+    num_epochs: int = 50,
+    lr: float = 1e-2,
+    momentum: float = 0.9,
+    batch_size: int = 128,
+    rank: int = 20,
+    num_samples: int = 100,
+    num_runs: int = 1,
+    map_estimate=None,
+    map_options=None,
+    seed: int = 0,
+    progress: bool = True,
+) -> SWAGResult:
+    """SWAG on ``model`` given ``(x, y)``.
+
+    :param num_epochs: epochs of SGD from the MAP; one iterate is collected after each.
+    :param lr: SGD's constant learning rate on the negative log joint divided by the number of
+        training points (so it means the same at any data size), with ``momentum``.
+    :param rank: :math:`K`, deviation columns kept.
+    :param num_runs: independent SWAG runs, each from its own MAP member (MultiSWAG).
+    :param map_estimate: an :class:`~pyrobnn.infer.ensemble.EnsembleResult` of ``num_runs``
+        members; default: trained here (``deep_ensemble(objective="map", **map_options)``).
+    """
+    check_samplable(model)
+    for name, value in (("num_epochs", num_epochs), ("batch_size", batch_size), ("rank", rank), ("num_samples", num_samples), ("num_runs", num_runs)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if num_epochs < 2:
+        raise ValueError(f"num_epochs must be at least 2 (one iterate per epoch), got {num_epochs}")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    norms = [type(m).__name__ for m in model.net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        raise ValueError(f"swag does not recompute batch-norm statistics per draw; the network has {norms[0]}")
+    x, y = validate_training_data(model, x, y)
+    x, y = x.to(model.device, model.dtype), y.to(model.device)
+    if map_estimate is None:
+        map_estimate = deep_ensemble(model, x, y, num_runs, objective="map", seed=seed, **{"progress": False, **(map_options or {})})
+    if not isinstance(map_estimate, EnsembleResult) or map_estimate.num_chains != num_runs:
+        raise ValueError(f"map_estimate must be an EnsembleResult of num_runs={num_runs} members")
+    was_training = model.training
+    model.eval()
+    try:
+        potential = FlatPotential(model, x, y)
+        y = potential.y
+        z = torch.nn.Parameter(potential.pack({k: v[:, 0] for k, v in map_estimate.samples.items()}))
+        optimizer = torch.optim.SGD([z], lr=lr, momentum=momentum)
+        n = x.shape[0]
+        batch_size = min(batch_size, n)
+        order = torch.Generator().manual_seed(seed)
+        snapshots = []
+        start = time.perf_counter()
+        bar = tqdm(total=num_epochs, disable=not progress, desc="SWAG", unit="epoch", dynamic_ncols=True)
+        try:
+            for _ in range(num_epochs):
+                perm = torch.randperm(n, generator=order).to(x.device)
+                for i in range(0, n, batch_size):
+                    idx = perm[i : i + batch_size]
+                    log_prior, log_lik = potential.log_joint_terms(z, x[idx], y[idx])
+                    loss = -(log_prior + (n / idx.shape[0]) * log_lik) / n
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.sum().backward()
+                    optimizer.step()
+                if not torch.isfinite(z).all():
+                    raise FloatingPointError(f"SWAG's SGD diverged (non-finite parameters): lower lr (now {lr})")
+                snapshots.append(z.detach().clone())
+                bar.update(1)
+        finally:
+            bar.close()
+        moments = swag_moments(torch.stack(snapshots, 1), rank)
+        generator = torch.Generator(device=model.device).manual_seed(seed)
+        draws = moments.sample(num_samples, generator)
+        seconds = time.perf_counter() - start
+        values = potential.unpack(draws.reshape(num_runs * num_samples, -1))
+    finally:
+        model.train(was_training)
+    samples = {k: v.reshape((num_runs, num_samples) + v.shape[1:]) for k, v in values.items()}
+    label = "SWAG" if num_runs == 1 else f"MultiSWAG ({num_runs} runs)"
+    return SWAGResult(samples, {}, seconds, label, moments=moments)
