@@ -23,6 +23,9 @@ __all__ = [
     "accuracy",
     "categorical_log_likelihood",
     "expected_calibration_error",
+    "calibration_bins",
+    "brier_score",
+    "ood_auroc",
     "entropy",
 ]
 
@@ -135,3 +138,34 @@ def expected_calibration_error(probs: torch.Tensor, y: torch.Tensor, num_bins: i
     conf_sum = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, confidence)
     acc_sum = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, correct)
     return ((conf_sum - acc_sum).abs().sum() / confidence.numel()).item()
+
+
+def calibration_bins(probs: torch.Tensor, y: torch.Tensor, num_bins: int = 15):
+    """Per equal-width confidence bin: ``(count, mean confidence, accuracy)``, each
+    ``(num_bins,)`` (confidence and accuracy are NaN in empty bins); the data of a reliability
+    diagram."""
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == y).to(probs.dtype)
+    bins = torch.clamp((confidence * num_bins).long(), max=num_bins - 1)
+    count = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, torch.ones_like(confidence))
+    conf = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, confidence) / count
+    acc = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, correct) / count
+    return count, conf, acc
+
+
+def brier_score(probs: torch.Tensor, y: torch.Tensor) -> float:
+    r"""Mean over points of :math:`\sum_c (p_c - 1[y = c])^2` (Brier 1950; the multi-class form,
+    between 0 and 2)."""
+    onehot = torch.nn.functional.one_hot(y, probs.shape[-1]).to(probs.dtype)
+    return ((probs - onehot) ** 2).sum(-1).mean().item()
+
+
+def ood_auroc(score_in: torch.Tensor, score_out: torch.Tensor) -> float:
+    """Area under the ROC curve for telling out-of-distribution points (positives) from
+    in-distribution ones by a score that should be higher out of distribution (predictive
+    entropy, mutual information); 0.5 is chance. Computed by torchmetrics."""
+    from torchmetrics.functional.classification import binary_auroc
+
+    scores = torch.cat([score_in.reshape(-1), score_out.reshape(-1)]).double()
+    labels = torch.cat([torch.zeros(score_in.numel(), dtype=torch.long), torch.ones(score_out.numel(), dtype=torch.long)])
+    return float(binary_auroc(scores, labels))

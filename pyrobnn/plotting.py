@@ -8,8 +8,9 @@ import matplotlib
 
 matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
 
-__all__ = ["plot_regression_1d", "save_figure"]
+__all__ = ["plot_regression_1d", "plot_reliability_diagram", "save_figure"]
 
 
 def plot_regression_1d(ax, x_grid, prediction, x_train=None, y_train=None, x_test=None, y_test=None, title=None, level=0.9):
@@ -46,3 +47,23 @@ def save_figure(fig, path) -> None:
         plt.close(fig)
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def plot_reliability_diagram(ax, probs, y, num_bins: int = 15, label=None):
+    """Accuracy against confidence per equal-width bin (Guo et al. 2017, fig. 1): bars at the
+    bins' accuracy, the diagonal of perfect calibration, and the ECE in the legend."""
+    from pyrobnn.metrics import calibration_bins, expected_calibration_error
+
+    count, conf, acc = calibration_bins(probs.detach().cpu(), y.detach().cpu(), num_bins)
+    edges = torch.linspace(0, 1, num_bins + 1)
+    filled = count > 0
+    ece = expected_calibration_error(probs.detach().cpu(), y.detach().cpu(), num_bins)
+    name = f"{label}: " if label else ""
+    ax.bar(edges[:-1][filled].numpy(), acc[filled].numpy(), width=1 / num_bins, align="edge", alpha=0.6, edgecolor="k",
+           label=f"{name}ECE {100 * ece:.2f}%")
+    ax.plot([0, 1], [0, 1], "k--", lw=1)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("confidence")
+    ax.set_ylabel("accuracy")
+    ax.legend(loc="upper left")
