@@ -19,6 +19,10 @@ from pyrobnn.guides import (
 )
 from pyrobnn.infer import KLAnnealing, SplitELBO, SVITrainer, fit
 from pyrobnn.infer.ensemble import deep_ensemble, ensemble_sampling
+from pyrobnn.infer.laplace import laplace
+from pyrobnn.infer.sgmcmc import sghmc, sgld
+from pyrobnn.infer.swag import swag
+from pyrobnn.calibration import TemperatureScaling
 from pyrobnn.io import load, save
 from pyrobnn.likelihoods import (
     BernoulliLikelihood,
@@ -58,6 +62,11 @@ __all__ = [
     "predict",
     "deep_ensemble",
     "ensemble_sampling",
+    "laplace",
+    "swag",
+    "sgld",
+    "sghmc",
+    "TemperatureScaling",
     "local_reparameterization",
     "flipout",
     "per_example_weights",

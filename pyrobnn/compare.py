@@ -14,6 +14,12 @@ NUTS (``"nuts"``) is still there, but on the UCI sets its chains do not agree wi
 (docs/compare.md). Ensemble-initialized chains are judged each on its own (within-chain R-hat on
 the test predictions and log density, :func:`pyrobnn.diagnostics.within_chain_summary`).
 
+Beside the variational methods and the deep ensemble, the methods built on that ensemble: the
+Laplace approximation around its first member (KFAC GGN over all weights, prior precision tuned
+by the marginal likelihood, the linearized predictive), SWAG from the same member, and SGLD and
+SGHMC with one chain started at each member; their step sizes are set from the largest
+curvature at the start (``"auto"``).
+
 On every split each method is scored on the test set in the original units of the target:
 
 - RMSE of the predictive mean; test log-likelihood, the log of the mean predictive density
@@ -22,7 +28,9 @@ On every split each method is scored on the test set in the original units of th
 - ``w2_to_reference``: the 2-Wasserstein distance between the method's predictive marginal and
   the reference's at each test point (from 20 quantiles of each Gaussian-mixture predictive),
   averaged over the points: how far the method is from the reference posterior;
-- wall time of the fit (the reference: ensemble training and sampling, warm-up included).
+- wall time of the fit (the reference: ensemble training and sampling, warm-up included; Laplace,
+  SWAG, SGLD and SGHMC: their own time plus the split's deep ensemble, whose first member is
+  their MAP or whose members start their chains).
 
 Results are mean and standard error over splits, beside the published figures of
 ``REFERENCES.md`` for the UCI sets.
@@ -47,8 +55,11 @@ from tqdm.auto import tqdm
 import pyrobnn
 from pyrobnn import metrics
 from pyrobnn.data import gap_regression, uci, uci_num_splits
-from pyrobnn.infer.ensemble import deep_ensemble, ensemble_sampling
+from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble, ensemble_sampling
 from pyrobnn.infer.hmc import nuts
+from pyrobnn.infer.laplace import laplace
+from pyrobnn.infer.sgmcmc import sghmc, sgld
+from pyrobnn.infer.swag import swag
 from pyrobnn.io import atomic_write_text
 
 __all__ = ["METHODS", "REFERENCES", "PUBLISHED", "run_compare", "format_markdown", "predictive_w2"]
@@ -93,6 +104,10 @@ METHODS = {
     for m in (
         Method("reference", "reference sampler", lambda: pyrobnn.NormalPrior(1.0), None),
         Method("ensemble", "deep ensemble", lambda: pyrobnn.NormalPrior(1.0), None),
+        Method("laplace", "Laplace (KFAC, all weights, GLM predictive)", lambda: pyrobnn.NormalPrior(1.0), None),
+        Method("swag", "SWAG", lambda: pyrobnn.NormalPrior(1.0), None),
+        Method("sgld", "SGLD (from the ensemble)", lambda: pyrobnn.NormalPrior(1.0), None),
+        Method("sghmc", "SGHMC (from the ensemble)", lambda: pyrobnn.NormalPrior(1.0), None),
         Method("meanfield", "mean-field, Gaussian prior", lambda: pyrobnn.NormalPrior(1.0), lambda m: pyrobnn.MeanFieldNormal(m)),
         Method("meanfield_mixture", "mean-field, scale-mixture prior", lambda: pyrobnn.ScaleMixturePrior(0.5, 1.0, math.exp(-6)), lambda m: pyrobnn.MeanFieldNormal(m), elbo="trace"),
         Method("variational_dropout", "variational dropout", lambda: pyrobnn.LogUniformPrior(), lambda m: pyrobnn.VariationalDropout(m, log_alpha_range=(-8.0, 0.0))),
@@ -130,17 +145,21 @@ class Settings:
     mclmc_warmup: tuple  # steps of MCLMC's three tuning phases
     mclmc_samples: int  # MCLMC steps after tuning
     mclmc_thinning: int
+    sg_epochs: int  # SGLD/SGHMC epochs (half burn-in) and SWAG's SGD epochs after the MAP (step sizes "auto")
 
 
 def settings(dataset: str, quick: bool) -> Settings:
     if quick:
         return Settings(epochs=150, batch_size=None, lr=1e-2, num_predictive=100, chains=2, warmup=60, samples=60, max_tree_depth=5,
-                        members=2, ensemble_epochs=500, mclmc_warmup=(300, 50, 50), mclmc_samples=400, mclmc_thinning=4)
+                        members=2, ensemble_epochs=500, mclmc_warmup=(300, 50, 50), mclmc_samples=400, mclmc_thinning=4,
+                        sg_epochs=20)
     if dataset == "toy":
         return Settings(epochs=3000, batch_size=None, lr=1e-2, num_predictive=500, chains=8, warmup=300, samples=300, max_tree_depth=10,
-                        members=8, ensemble_epochs=2000, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10)
+                        members=8, ensemble_epochs=2000, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10,
+                        sg_epochs=200)
     return Settings(epochs=400, batch_size=32, lr=1e-2, num_predictive=500, chains=4, warmup=200, samples=200, max_tree_depth=8,
-                    members=8, ensemble_epochs=400, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10)
+                    members=8, ensemble_epochs=400, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10,
+                    sg_epochs=100)
 
 
 def predictive_w2(pred, ref, levels: int = 20) -> float:
@@ -215,6 +234,19 @@ def _fit_method(key, split, s, seed, progress, reference, x_grid=None, shared=No
             posterior = ensemble_sampling(model, split["x_train"], split["y_train"], ensemble, sampler, seed=seed, progress=progress, **options)
             seconds = ensemble.seconds + posterior.seconds
             extra["result"] = posterior
+    elif key in POSTERIOR_FROM_MAP:
+        if "ensemble" not in shared:
+            shared["ensemble"] = _ensemble(model, split, s, seed, progress)
+        ensemble = shared["ensemble"]
+        posterior = _posterior_from_map(key, model, split, s, seed, ensemble, progress)
+        # the MAP (or the starting points) came from the split's deep ensemble: its time counts
+        seconds = ensemble.seconds + posterior.seconds
+        if key == "laplace":
+            test = posterior.linearized_predict(split["x_test"], s.num_predictive, seed=seed).rescale(split["y_mean"], split["y_std"])
+            grid = None
+            if x_grid is not None:
+                grid = posterior.linearized_predict(x_grid, s.num_predictive, seed=seed).rescale(split["y_mean"], split["y_std"])
+            return test, grid, seconds, extra
     else:
         guide = method.guide(model)
         pyrobnn.fit(
@@ -229,6 +261,30 @@ def _fit_method(key, split, s, seed, progress, reference, x_grid=None, shared=No
     if x_grid is not None:
         grid = pyrobnn.predict(model, posterior, x_grid, num, seed=seed).rescale(split["y_mean"], split["y_std"])
     return test, grid, seconds, extra
+
+
+#: methods built on the split's deep ensemble: the MAP is its first member (Laplace, SWAG), or
+#: the chains start at its members (SGLD, SGHMC)
+POSTERIOR_FROM_MAP = ("laplace", "swag", "sgld", "sghmc")
+
+
+def _posterior_from_map(key, model, split, s, seed, ensemble, progress):
+    x, y = split["x_train"], split["y_train"]
+    n = x.shape[0]
+    batch = min(s.batch_size or 32, n)  # minibatches even where the VI methods take full batches
+    if key in ("laplace", "swag"):
+        first = EnsembleResult({k: v[:1] for k, v in ensemble.samples.items()}, {}, ensemble.seconds, ensemble.method)
+        if key == "laplace":
+            return laplace(model, x, y, subset="all", hessian="kron", map_estimate=first, num_samples=s.num_predictive, seed=seed)
+        return swag(model, x, y, num_epochs=s.sg_epochs, lr="auto", batch_size=batch, rank=20,
+                    num_samples=s.num_predictive, map_estimate=first, seed=seed, progress=progress)
+    steps = s.sg_epochs * math.ceil(n / batch)
+    kept_per_chain = max(1, s.num_predictive // ensemble.num_chains)
+    thinning = max(1, (steps - steps // 2) // kept_per_chain)
+    options = dict(num_steps=steps, num_burnin=steps // 2, thinning=thinning, batch_size=batch, init=ensemble, seed=seed, progress=progress)
+    if key == "sgld":
+        return sgld(model, x, y, step_size="auto", **options)
+    return sghmc(model, x, y, step_size="auto", friction=0.1, **options)
 
 
 def _reference_diagnostics(reference, model, result, split):

@@ -1,6 +1,7 @@
 """`pyrobnn compare` on UCI data saves each split as it completes and resumes from them."""
 
 import json
+import math
 import os
 
 import pytest
@@ -66,4 +67,17 @@ def test_compare_refuses_an_unknown_reference_or_method(tmp_path):
     with pytest.raises(ValueError, match="reference"):
         compare.run_compare(out_dir=str(tmp_path), reference="hmc", quick=True, progress=False)
     with pytest.raises(ValueError, match="unknown methods"):
-        compare.run_compare(out_dir=str(tmp_path), methods=["laplace"], quick=True, progress=False)
+        compare.run_compare(out_dir=str(tmp_path), methods=["hamiltonian_vi"], quick=True, progress=False)
+
+
+def test_compare_runs_the_baselines_built_on_the_ensemble(tmp_path):
+    """Laplace, SWAG, SGLD and SGHMC on the toy problem, quick: finite scores, and the
+    sample-based ones close to the ensemble they start from (W2 to the reference of the same
+    order as the ensemble's)."""
+    rows = compare.run_compare(out_dir=str(tmp_path), methods=["ensemble", "laplace", "swag", "sgld", "sghmc"], quick=True, progress=False)
+    by_key = {r["key"]: r for r in rows}
+    assert set(by_key) >= {"reference", "ensemble", "laplace", "swag", "sgld", "sghmc"}
+    for key in ("laplace", "swag", "sgld", "sghmc"):
+        r = by_key[key]
+        assert math.isfinite(r["rmse"]) and math.isfinite(r["log_likelihood"]), (key, r)
+        assert r["w2_to_reference"] < 3 * by_key["ensemble"]["w2_to_reference"] + 0.05, (key, r)

@@ -89,3 +89,18 @@ def test_laplace_refuses_what_it_cannot_represent():
         laplace(bayesian_linear_model(), X, y.unsqueeze(-1), hessian="lowrank")
     with pytest.raises(ValueError, match="subset must be one of"):
         laplace(bayesian_linear_model(), X, y.unsqueeze(-1), subset="first_layer")
+
+
+def test_a_noise_scale_with_a_prior_is_held_at_its_map():
+    X, y, mean, _ = conjugate_problem()
+    model = pyrobnn.BayesianModel(nn.Linear(3, 1, bias=False).double(),
+                                  pyrobnn.GaussianLikelihood(scale=torch.distributions.LogNormal(torch.tensor(0.0, dtype=torch.float64), 1.0)),
+                                  pyrobnn.NormalPrior(PRIOR))
+    result = laplace(model, X, y.unsqueeze(-1), hessian="full", tune_prior=False, num_samples=10,
+                     map_estimate={"weight": mean.reshape(1, 3), "noise_scale": torch.tensor(NOISE, dtype=torch.float64)})
+    assert (result.samples["noise_scale"] == NOISE).all()
+    assert float(result.approximation.sigma_noise) == pytest.approx(NOISE)
+    # with the noise at the truth the curvature is the conjugate one
+    _, _, _, precision = conjugate_problem()
+    assert torch.allclose(result.approximation.posterior_precision, precision, rtol=1e-6)
+    assert pyrobnn.predict(model, result, X[:3]).aleatoric_std.eq(NOISE).all()

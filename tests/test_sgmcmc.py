@@ -121,3 +121,13 @@ def test_cyclical_schedule_and_containers():
         sghmc(model, x, y, friction=0.0, progress=False)
     with pytest.raises(ValueError, match="num_burnin must be"):
         sgld(model, x, y, num_steps=10, num_burnin=10, progress=False)
+
+
+def test_largest_curvature_is_the_top_eigenvalue_of_the_posterior_precision():
+    from pyrobnn.infer.curvature import largest_curvature
+
+    X, y, _, precision = conjugate_problem()
+    potential = FlatPotential(bayesian_linear_model(), X, y.unsqueeze(-1))
+    z = torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    top = torch.linalg.eigvalsh(precision).max()
+    assert torch.allclose(largest_curvature(potential, z, iterations=100), top.expand(3), rtol=1e-6)

@@ -21,9 +21,9 @@ weight samples back onto the model's sites, so that the result is a posterior sa
 like NUTS's (:func:`pyrobnn.predict`, ``pyro.infer.Predictive``, :mod:`pyrobnn.diagnostics`).
 
 Supported: Gaussian priors (:class:`~pyrobnn.priors.NormalPrior`, one precision per site; the
-marginal likelihood can tune them per site), a Gaussian likelihood with a fixed or learned noise
-scale, and a categorical likelihood. Other priors have no Gaussian precision to hand over and
-are refused.
+marginal likelihood can tune them per site), a Gaussian likelihood with a fixed noise scale or a
+noise scale with a prior (held at its MAP value: the approximation covers the weights), and a
+categorical likelihood. Other priors have no Gaussian precision to hand over and are refused.
 """
 
 from __future__ import annotations
@@ -126,12 +126,15 @@ def _map_values(model, map_estimate, x, y, seed, map_options):
         return {k: v[0, 0].detach() for k, v in map_estimate.samples.items()}
     if isinstance(map_estimate, dict):
         missing = [s.name for s in model.sites if s.name not in map_estimate]
+        missing += [name for name in model.likelihood.latent_sites() if name not in map_estimate]
         if missing:
             raise ValueError(f"map_estimate lacks the sites {missing}")
         for s in model.sites:
             if tuple(map_estimate[s.name].shape) != tuple(s.shape):
                 raise ValueError(f"map_estimate[{s.name!r}] has shape {tuple(map_estimate[s.name].shape)}, the site {tuple(s.shape)}")
-        return {s.name: map_estimate[s.name].detach() for s in model.sites}
+        values = {s.name: map_estimate[s.name].detach() for s in model.sites}
+        values.update({name: torch.as_tensor(map_estimate[name]).detach().reshape(()) for name in model.likelihood.latent_sites()})
+        return values
     raise TypeError(f"map_estimate must be an EnsembleResult or a dict of site values, got {type(map_estimate).__name__}")
 
 
@@ -206,8 +209,10 @@ def laplace(
                 "(e.g. NormalPrior without fan_in)"
             )
         precisions, structure = precisions[:1], "scalar"
+    latents = list(model.likelihood.latent_sites())
     if kind == "regression":
-        kwargs["sigma_noise"] = float(model.likelihood.scale().detach())
+        noise = values[latents[0]] if latents else model.likelihood.scale()
+        kwargs["sigma_noise"] = float(noise.detach())
     la = Laplace(net, kind, subset_of_weights=subset, hessian_structure=hessian, prior_precision=precisions.clone(), **kwargs)
     la.fit(DataLoader(TensorDataset(x, y), batch_size=batch_size))
     if tune_prior:
@@ -226,6 +231,8 @@ def laplace(
     for site in model.sites:
         if site.name not in samples:
             samples[site.name] = values[site.name].expand((1, num_samples) + tuple(site.shape)).clone()
+    ordered = {s.name: samples[s.name] for s in model.sites}
+    for name in latents:  # the noise scale at its MAP in every draw
+        ordered[name] = values[name].reshape(1, 1).expand(1, num_samples).clone()
     seconds = time.perf_counter() - start
-    samples = {s.name: samples[s.name] for s in model.sites}
-    return LaplaceResult(samples, {}, seconds, f"Laplace ({hessian}, {subset.replace('_', ' ')})", approximation=la, map_values=values)
+    return LaplaceResult(ordered, {}, seconds, f"Laplace ({hessian}, {subset.replace('_', ' ')})", approximation=la, map_values=values)

@@ -32,6 +32,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from pyrobnn.infer.curvature import largest_curvature
 from pyrobnn.infer.ensemble import member_initializations
 from pyrobnn.infer.fit import validate_training_data
 from pyrobnn.infer.hmc import MCMCResult, check_samplable, initial_positions
@@ -75,6 +76,12 @@ def minibatch_log_joint_grad(potential, z, x, y, dataset_size):
     return grad
 
 
+#: ``step_size="auto"``: this constant over the largest curvature at the start (SGLD's step,
+#: SGHMC's learning rate); a tenth of SGLD's stability limit on a Gaussian, so that the
+#: discretization bias is a few percent there (1 / (1 - eps lambda / 4))
+AUTO_STEP = 0.1
+
+
 def _check_positive_int(name, value):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -83,8 +90,8 @@ def _check_positive_int(name, value):
 def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
          batch_size, num_chains, init, seed, progress):
     check_samplable(model)
-    if not (isinstance(step_size, (int, float)) and step_size > 0 and math.isfinite(step_size)):
-        raise ValueError(f"step_size must be a positive number, got {step_size!r}")
+    if step_size != "auto" and not (isinstance(step_size, (int, float)) and step_size > 0 and math.isfinite(step_size)):
+        raise ValueError(f"step_size must be a positive number or 'auto', got {step_size!r}")
     if kind == "sghmc" and not 0.0 < friction <= 1.0:
         raise ValueError(f"friction must be in (0, 1], got {friction!r}")
     if schedule not in SCHEDULES:
@@ -112,6 +119,8 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
             z = member_initializations(model, potential, num_chains, seed)
         else:
             z = initial_positions(potential, init, num_chains, 2.0, generator)
+        if step_size == "auto":
+            step_size = AUTO_STEP / float(largest_curvature(potential, z, generator=generator).max())
         v = torch.zeros_like(z)
         n = x.shape[0]
         batch_size = min(batch_size, n)
@@ -160,7 +169,7 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
         model.train(was_training)
     samples = {name: value.reshape((chains, kept) + value.shape[1:]) for name, value in values.items()}
     label = f"{kind.upper()}" + (" (cyclical)" if schedule == "cyclical" else "")
-    return MCMCResult(samples, {"step": torch.tensor(steps_kept)}, seconds, label)
+    return MCMCResult(samples, {"step": torch.tensor(steps_kept), "step_size": torch.tensor(step_size)}, seconds, label)
 
 
 def sgld(
@@ -171,7 +180,9 @@ def sgld(
     """SGLD draws from ``model``'s posterior given ``(x, y)``, as an
     :class:`~pyrobnn.infer.hmc.MCMCResult` (``predict``, ``Predictive`` and ArviZ take it).
 
-    :param step_size: :math:`\\epsilon` (the initial one with ``schedule="cyclical"``).
+    :param step_size: :math:`\\epsilon` (the initial one with ``schedule="cyclical"``), or
+        ``"auto"``: ``AUTO_STEP`` over the largest curvature of the log joint at the starting
+        points (:func:`largest_curvature`, the largest over chains).
     :param num_burnin: steps before the first kept draw (constant schedule; default half of
         ``num_steps``).
     :param schedule: ``"constant"`` or ``"cyclical"`` (cSGLD; ``num_cycles``, ``exploration``).
@@ -188,8 +199,9 @@ def sghmc(
     thinning: int = 50, schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128,
     num_chains: int = 1, init=None, seed: int = 0, progress: bool = True,
 ) -> MCMCResult:
-    """SGHMC draws (learning rate ``step_size`` :math:`= \\eta`, ``friction`` :math:`= \\alpha`);
-    otherwise as :func:`sgld`. With ``schedule="cyclical"`` this is cSGHMC."""
+    """SGHMC draws (learning rate ``step_size`` :math:`= \\eta`, or ``"auto"`` as in :func:`sgld`;
+    ``friction`` :math:`= \\alpha`); otherwise as :func:`sgld`. With ``schedule="cyclical"`` this
+    is cSGHMC."""
     return _run(model, x, y, "sghmc", step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin,
                 thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
                 num_chains=num_chains, init=init, seed=seed, progress=progress)

@@ -28,12 +28,17 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from pyrobnn.infer.curvature import largest_curvature
 from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble
 from pyrobnn.infer.fit import validate_training_data
 from pyrobnn.infer.hmc import MCMCResult, check_samplable
 from pyrobnn.infer.potential import FlatPotential
 
-__all__ = ["SWAGMoments", "SWAGResult", "swag", "swag_moments"]
+__all__ = ["SWAGMoments", "SWAGResult", "swag", "swag_moments", "AUTO_LR"]
+
+#: ``lr="auto"``: SGD's learning rate times the largest curvature of the per-point loss at the
+#: MAP; a quarter of the stability limit 2 (1 + momentum) of SGD with momentum 0.9
+AUTO_LR = 1.0
 
 
 @dataclass
@@ -90,7 +95,7 @@ def swag(
     y,
     *,
     num_epochs: int = 50,
-    lr: float = 1e-2,
+    lr="auto",
     momentum: float = 0.9,
     batch_size: int = 128,
     rank: int = 20,
@@ -105,7 +110,9 @@ def swag(
 
     :param num_epochs: epochs of SGD from the MAP; one iterate is collected after each.
     :param lr: SGD's constant learning rate on the negative log joint divided by the number of
-        training points (so it means the same at any data size), with ``momentum``.
+        training points (so it means the same at any data size), with ``momentum``; ``"auto"``:
+        ``AUTO_LR`` over the largest curvature of that loss at the MAP
+        (:func:`~pyrobnn.infer.curvature.largest_curvature`, the largest over runs).
     :param rank: :math:`K`, deviation columns kept.
     :param num_runs: independent SWAG runs, each from its own MAP member (MultiSWAG).
     :param map_estimate: an :class:`~pyrobnn.infer.ensemble.EnsembleResult` of ``num_runs``
@@ -117,8 +124,8 @@ def swag(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if num_epochs < 2:
         raise ValueError(f"num_epochs must be at least 2 (one iterate per epoch), got {num_epochs}")
-    if not (lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if lr != "auto" and not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}")
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
     norms = [type(m).__name__ for m in model.net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
@@ -136,8 +143,10 @@ def swag(
         potential = FlatPotential(model, x, y)
         y = potential.y
         z = torch.nn.Parameter(potential.pack({k: v[:, 0] for k, v in map_estimate.samples.items()}))
-        optimizer = torch.optim.SGD([z], lr=lr, momentum=momentum)
         n = x.shape[0]
+        if lr == "auto":
+            lr = AUTO_LR * n / float(largest_curvature(potential, z.detach()).max())
+        optimizer = torch.optim.SGD([z], lr=lr, momentum=momentum)
         batch_size = min(batch_size, n)
         order = torch.Generator().manual_seed(seed)
         snapshots = []
@@ -168,4 +177,4 @@ def swag(
         model.train(was_training)
     samples = {k: v.reshape((num_runs, num_samples) + v.shape[1:]) for k, v in values.items()}
     label = "SWAG" if num_runs == 1 else f"MultiSWAG ({num_runs} runs)"
-    return SWAGResult(samples, {}, seconds, label, moments=moments)
+    return SWAGResult(samples, {"lr": torch.tensor(lr)}, seconds, label, moments=moments)
