@@ -242,10 +242,10 @@ def _fit_method(key, split, s, seed, progress, reference, x_grid=None, shared=No
         # the MAP (or the starting points) came from the split's deep ensemble: its time counts
         seconds = ensemble.seconds + posterior.seconds
         if key == "laplace":
-            test = posterior.linearized_predict(split["x_test"], s.num_predictive, seed=seed).rescale(split["y_mean"], split["y_std"])
+            test = posterior.linearized_predict(split["x_test"]).rescale(split["y_mean"], split["y_std"])
             grid = None
             if x_grid is not None:
-                grid = posterior.linearized_predict(x_grid, s.num_predictive, seed=seed).rescale(split["y_mean"], split["y_std"])
+                grid = posterior.linearized_predict(x_grid).rescale(split["y_mean"], split["y_std"])
             return test, grid, seconds, extra
     else:
         guide = method.guide(model)

@@ -96,3 +96,19 @@ def test_uci_sampling_benchmark_quick(tmp_path, shared_data_dir):
     assert summary["yacht/MCLMC/lppd"] > summary["yacht/DE/lppd"] and summary["yacht/NUTS/lppd"] > summary["yacht/DE/lppd"]
     assert summary["mclmc_worst_within_chain_rhat"] >= 1.0 and "nuts_vs_mclmc_time" in summary
     assert (tmp_path / "records" / "yacht-1-quick.json").exists()
+
+
+@pytest.mark.slow
+def test_mnist_uncertainty_benchmark_quick(tmp_path, shared_data_dir):
+    """Every posterior approximation on LeNet-300-100 (2,000 training images): finite metrics,
+    better than chance, temperature scaling no worse than the MAP in NLL on the same
+    predictions, and the reliability diagram written."""
+    if not os.path.isdir(os.path.join(shared_data_dir, "MNIST", "raw")):
+        pytest.skip(f"MNIST not found under {shared_data_dir} (set PYROBNN_DATA)")
+    stdout = run([sys.executable, os.path.join(ROOT, "benchmarks", "mnist_uncertainty.py"), "--quick", "--data-dir", shared_data_dir,
+                  "--out", "mnist"], tmp_path)
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    errors = {k: v for k, v in summary.items() if k.endswith("/error")}
+    assert len(errors) == 11 and all(v < 50 for v in errors.values()), errors
+    assert summary["MAP + temperature scaling/nll"] <= summary["MAP/nll"] + 1e-6
+    assert (tmp_path / "mnist" / "reliability.png").stat().st_size > 10_000

@@ -76,8 +76,26 @@ def test_last_layer_laplace_keeps_the_other_sites_at_the_map_and_feeds_predictiv
     assert prediction.mean.shape == (5, 1) and prediction.epistemic_std.min() > 0
     out = Predictive(model, posterior_samples=result.flat_samples(), return_sites=["_RETURN"])(x[:5])["_RETURN"]
     assert out.shape == (50, 5, 1)
-    glm = result.linearized_predict(x[:5], num_samples=30)
-    assert glm.loc_samples.shape == (30, 5, 1)
+    glm = result.linearized_predict(x[:5])
+    assert glm.loc_samples.shape == (50, 5, 1)
+
+
+@pytest.mark.parametrize("subset", ["all", "last_layer"])
+def test_linearized_predictive_matches_laplace_torch_glm_moments(subset):
+    """Our JVP-based GLM draws against laplace-torch's closed-form GLM mean and variance
+    f(x, w_map), J Sigma J^T: Monte Carlo error of S draws (sd / sqrt(S), sqrt(2 / S) relative)."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 2, dtype=torch.float64)
+    y = torch.sin(x[:, :1]) + 0.1 * torch.randn(40, 1, dtype=torch.float64)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(8,)).double(), pyrobnn.GaussianLikelihood(scale=0.1), pyrobnn.NormalPrior(1.0))
+    s = 4000
+    result = laplace(model, x, y, subset=subset, hessian="full", num_samples=s, map_options={"max_epochs": 100}, seed=3)
+    glm = result.linearized_predict(x[:6])
+    f_mu, f_var = result.approximation(x[:6], pred_type="glm")
+    sd = f_var.reshape(6).sqrt()
+    ours = glm.loc_samples.reshape(s, 6)
+    assert ((ours.mean(0) - f_mu.reshape(6)).abs() < 5 * sd / math.sqrt(s)).all()
+    assert ((ours.var(0) / sd**2 - 1).abs() < 5 * math.sqrt(2 / s)).all()
 
 
 def test_laplace_refuses_what_it_cannot_represent():
