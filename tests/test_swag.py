@@ -52,3 +52,15 @@ def test_swag_runs_on_a_model_and_feeds_predict():
     assert pred.epistemic_std.min() > 0
     with pytest.raises(ValueError, match="num_epochs must be at least 2"):
         swag(model, x, y, num_epochs=1)
+
+
+def test_swag_result_goes_into_arviz():
+    torch.manual_seed(1)
+    x = torch.randn(32, 1)
+    y = x + 0.1 * torch.randn(32, 1)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale=0.1), pyrobnn.NormalPrior(1.0))
+    result = swag(model, x, y, num_epochs=4, batch_size=8, rank=3, num_samples=10, num_runs=2, map_options={"max_epochs": 20}, progress=False)
+    from pyrobnn import diagnostics
+
+    idata = diagnostics.inference_data(model, result, x[:5], y[:5])
+    assert idata.posterior.sizes["chain"] == 2 and idata.posterior.sizes["draw"] == 10
