@@ -50,6 +50,9 @@ def settings(quick):
     return dict(train=None, val=10_000, test=None, members=5, epochs=15, swag_epochs=10, sg_epochs=10, vi_epochs=15, samples=100, batch=128)
 
 
+METHOD_KEYS = ("map", "temperature", "ensemble", "laplace_last_layer", "laplace_all", "swag", "sgld", "sghmc", "mc_dropout", "meanfield")
+
+
 def new_model():
     return pyrobnn.BayesianModel(pyrobnn.LeNet300100(), pyrobnn.CategoricalLikelihood(), pyrobnn.NormalPrior(1.0))
 
@@ -92,7 +95,14 @@ def main(argv=None):
     parser.add_argument("--out", default="runs/mnist_uncertainty")
     parser.add_argument("--results", default=None, help="merge the figures into this results JSON (docs/results.json)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated subset of {','.join(METHOD_KEYS)}; merged into an earlier run's results in --out")
     args = parser.parse_args(argv)
+    if args.only is not None:
+        args.only = args.only.split(",")
+        unknown = [k for k in args.only if k not in METHOD_KEYS]
+        if unknown:
+            parser.error(f"--only: unknown methods {unknown}; choose from {list(METHOD_KEYS)}")
     s = settings(args.quick)
     torch.set_num_threads(int(os.environ.get("PYROBNN_THREADS", "2")))
     d = load(args.data_dir, s, args.seed)
@@ -108,41 +118,53 @@ def main(argv=None):
         rows[name]["predict_s"] = time.perf_counter() - start
         print(f"{name:34s} " + " ".join(f"{k} {v:.4g}" for k, v in rows[name].items()), flush=True)
 
+    def want(key):
+        return args.only is None or key in args.only
+
     start = time.perf_counter()
     ensemble = deep_ensemble(model, d["x"], d["y"], s["members"], x_val=d["x_val"], y_val=d["y_val"], objective="map", lr=1e-3,
                              batch_size=s["batch"], max_epochs=s["epochs"], patience=3, seed=args.seed, progress=False)
     t_ens = time.perf_counter() - start
     first = EnsembleResult({k: v[:1] for k, v in ensemble.samples.items()}, {}, ensemble.seconds, "MAP")
-    record("MAP", sampled(model, first, None), t_ens)
-    net = model.deterministic_net({k: v[0, 0] for k, v in ensemble.samples.items()}).eval()
-    start = time.perf_counter()
-    scaled = TemperatureScaling(net).fit(d["x_val"], d["y_val"])
-    record("MAP + temperature scaling", scaled.predict, t_ens + time.perf_counter() - start)
-    rows["MAP + temperature scaling"]["temperature"] = scaled.temperature
-    record(f"deep ensemble ({s['members']})", sampled(model, ensemble, None), t_ens)
+    if want("map"):
+        record("MAP", sampled(model, first, None), t_ens)
+    if want("temperature"):
+        net = model.deterministic_net({k: v[0, 0] for k, v in ensemble.samples.items()}).eval()
+        start = time.perf_counter()
+        scaled = TemperatureScaling(net).fit(d["x_val"], d["y_val"])
+        record("MAP + temperature scaling", scaled.predict, t_ens + time.perf_counter() - start)
+        rows["MAP + temperature scaling"]["temperature"] = scaled.temperature
+    if want("ensemble"):
+        record(f"deep ensemble ({s['members']})", sampled(model, ensemble, None), t_ens)
     for subset in ("last_layer", "all"):
+        if want(f"laplace_{subset}"):
+            start = time.perf_counter()
+            result = laplace(model, d["x"], d["y"], subset=subset, hessian="kron", map_estimate=first, num_samples=s["samples"], seed=args.seed)
+            record(f"Laplace KFAC ({subset.replace('_', ' ')}, GLM)", result.linearized_predict, t_ens + time.perf_counter() - start)
+    if want("swag"):
         start = time.perf_counter()
-        result = laplace(model, d["x"], d["y"], subset=subset, hessian="kron", map_estimate=first, num_samples=s["samples"], seed=args.seed)
-        record(f"Laplace KFAC ({subset.replace('_', ' ')}, GLM)", result.linearized_predict, t_ens + time.perf_counter() - start)
-    start = time.perf_counter()
-    result = swag(model, d["x"], d["y"], num_epochs=s["swag_epochs"], batch_size=s["batch"], rank=20, num_samples=s["samples"],
-                  map_estimate=first, seed=args.seed, progress=False)
-    record("SWAG", sampled(model, result, None), t_ens + time.perf_counter() - start)
+        result = swag(model, d["x"], d["y"], num_epochs=s["swag_epochs"], batch_size=s["batch"], rank=20, num_samples=s["samples"],
+                      map_estimate=first, seed=args.seed, progress=False)
+        record("SWAG", sampled(model, result, None), t_ens + time.perf_counter() - start)
+        rows["SWAG"]["lr"] = float(result.stats["lr"])
     steps = s["sg_epochs"] * math.ceil(d["x"].shape[0] / s["batch"])
-    for name, sampler, extra in (("SGLD", sgld, {}), ("cyclical SGHMC", sghmc, {"schedule": "cyclical", "num_cycles": 2, "exploration": 0.5, "friction": 0.1})):
-        start = time.perf_counter()
-        keep = steps // 2 if name == "SGLD" else steps // 2
-        result = sampler(model, d["x"], d["y"], step_size="auto", num_steps=steps, thinning=max(1, keep // s["samples"]), batch_size=s["batch"],
-                         init=first, seed=args.seed, progress=False, **extra)
-        record(name, sampled(model, result, None), t_ens + time.perf_counter() - start)
-    for name, guide_fn, estimator in (("MC dropout (p = 0.1)", lambda m: pyrobnn.MCDropout(m, p=0.1), None),
-                                      ("mean-field VI", lambda m: pyrobnn.MeanFieldNormal(m), "local")):
-        vi_model = new_model()
-        guide = guide_fn(vi_model)
-        start = time.perf_counter()
-        pyrobnn.fit(vi_model, guide, d["x"], d["y"], epochs=s["vi_epochs"], batch_size=s["batch"], lr=1e-3, estimator=estimator,
-                    progress=False, seed=args.seed)
-        record(name, sampled(vi_model, guide, s["samples"]), time.perf_counter() - start)
+    keep = steps // 2  # SGLD: after half the steps as burn-in; cyclical SGHMC: the second half of each cycle
+    for key, name, sampler, extra in (("sgld", "SGLD", sgld, {}),
+                                      ("sghmc", "cyclical SGHMC", sghmc, {"schedule": "cyclical", "num_cycles": 2, "exploration": 0.5, "friction": 0.1})):
+        if want(key):
+            start = time.perf_counter()
+            result = sampler(model, d["x"], d["y"], step_size="auto", num_steps=steps, thinning=max(1, keep // s["samples"]),
+                             batch_size=s["batch"], init=first, seed=args.seed, progress=False, **extra)
+            record(name, sampled(model, result, None), t_ens + time.perf_counter() - start)
+    for key, name, guide_fn, estimator in (("mc_dropout", "MC dropout (p = 0.1)", lambda m: pyrobnn.MCDropout(m, p=0.1), None),
+                                           ("meanfield", "mean-field VI", lambda m: pyrobnn.MeanFieldNormal(m), "local")):
+        if want(key):
+            vi_model = new_model()
+            guide = guide_fn(vi_model)
+            start = time.perf_counter()
+            pyrobnn.fit(vi_model, guide, d["x"], d["y"], epochs=s["vi_epochs"], batch_size=s["batch"], lr=1e-3, estimator=estimator,
+                        progress=False, seed=args.seed)
+            record(name, sampled(vi_model, guide, s["samples"]), time.perf_counter() - start)
 
     names = list(rows)
     cols = 4
@@ -152,8 +174,12 @@ def main(argv=None):
         ax.set_title(name, fontsize=9)
     for ax in axes.reshape(-1)[len(names):]:
         ax.axis("off")
-    save_figure(fig, os.path.join(args.out, "reliability.png"))
-    atomic_write_text(json.dumps(rows, indent=1) + "\n", os.path.join(args.out, "results.json"))
+    save_figure(fig, os.path.join(args.out, "reliability.png" if args.only is None else f"reliability-{'-'.join(args.only)}.png"))
+    saved = os.path.join(args.out, "results.json")
+    if args.only is not None and os.path.exists(saved):
+        with open(saved) as f:
+            rows = {**json.load(f), **rows}
+    atomic_write_text(json.dumps(rows, indent=1) + "\n", saved)
 
     print(f"\n| method | error (%) | NLL | ECE (%) | Brier | AUROC entropy: permuted / rotated | AUROC MI: permuted / rotated | fit (s) |")
     print("|---|---|---|---|---|---|---|---|")

@@ -7,7 +7,7 @@ import torch
 __all__ = ["largest_curvature"]
 
 
-def largest_curvature(potential, z, iterations: int = 30, generator=None) -> torch.Tensor:
+def largest_curvature(potential, z, iterations: int = 50, generator=None) -> torch.Tensor:
     r"""Per chain, the largest absolute eigenvalue of the Hessian of :math:`U(z) = -\log p(z \mid
     \mathcal D)` (full data) at ``z`` ``(C, D)``, by power iteration on Hessian-vector products.
     Gradient methods are stable only for step sizes below a constant over it (SGLD on a
