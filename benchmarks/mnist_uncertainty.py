@@ -174,6 +174,7 @@ def main(argv=None):
         ax.set_title(name, fontsize=9)
     for ax in axes.reshape(-1)[len(names):]:
         ax.axis("off")
+    fig.tight_layout()
     save_figure(fig, os.path.join(args.out, "reliability.png" if args.only is None else f"reliability-{'-'.join(args.only)}.png"))
     saved = os.path.join(args.out, "results.json")
     if args.only is not None and os.path.exists(saved):
