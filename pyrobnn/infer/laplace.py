@@ -174,8 +174,9 @@ def laplace(
         other sites stay at the MAP).
     :param hessian: ``"full"``, ``"diag"`` or ``"kron"`` (KFAC) generalized Gauss-Newton.
     :param tune_prior: maximize the Laplace marginal likelihood over one prior precision per
-        site (one for the layer with ``subset="last_layer"``), starting from the model's (laplace-torch's ``optimize_prior_precision``); if
-        false, the model's prior precisions are used as they are.
+        site (one for the layer with ``subset="last_layer"``), starting from the model's
+        (laplace-torch's ``optimize_prior_precision``); if false, the model's prior precisions
+        are used as they are.
     :param num_samples: draws from the Gaussian posterior kept in the result.
     :param map_estimate: the MAP, as a one-member :class:`~pyrobnn.infer.ensemble.EnsembleResult`
         or ``{site: value}``; default: trained here by :func:`~pyrobnn.infer.ensemble.deep_ensemble`
@@ -193,7 +194,7 @@ def laplace(
     kind = _check_model(model)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)
-    from laplace import Laplace  # an optional-looking import kept local: it pulls in curvlinops
+    from laplace import Laplace  # imported on use: laplace-torch loads its curvature backends on import (seconds)
 
     start = time.perf_counter()
     values = _map_values(model, map_estimate, x, y, seed, map_options)
