@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "parse_splits"]
 
 
 def _demo(args) -> int:
@@ -17,16 +17,21 @@ def _demo(args) -> int:
     return 0
 
 
-def _parse_splits(text):
-    if text is None:
-        return None
+def parse_splits(text):
+    """``--splits``: comma-separated split numbers and inclusive ranges (``0-4,7``), each split
+    once; an ``argparse`` type, so a bad value is reported as a usage error naming it."""
     out = []
     for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            out.extend(range(int(lo), int(hi) + 1))
-        else:
-            out.append(int(part))
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not part or not lo.isdigit() or (sep and not hi.isdigit()):
+            raise argparse.ArgumentTypeError(f"{part!r} in {text!r} is not a split number or a range like 0-4")
+        if sep and int(hi) < int(lo):
+            raise argparse.ArgumentTypeError(f"the range {part!r} in {text!r} is empty (its start is above its end)")
+        out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    repeated = sorted({v for v in out if out.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r} lists split(s) {repeated} more than once")
     return out
 
 
@@ -37,7 +42,7 @@ def _compare(args) -> int:
         dataset=args.dataset,
         out_dir=args.out,
         data_dir=args.data_dir,
-        splits=_parse_splits(args.splits),
+        splits=args.splits,
         methods=args.methods.split(",") if args.methods else None,
         quick=args.quick,
         seed=args.seed,
@@ -66,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="a sampling reference beside deep ensembles and every VI method on a small regression problem")
     compare.add_argument("--dataset", default="toy", help="'toy' (generated, with a gap in the inputs) or a UCI set such as yacht")
     compare.add_argument("--data-dir", default=None, help="folder holding uci/<name> (default $PYROBNN_DATA)")
-    compare.add_argument("--splits", default=None, help="UCI splits, e.g. 0-4 or 0,3,7 (default: all)")
+    compare.add_argument("--splits", default=None, type=parse_splits, help="UCI splits, e.g. 0-4 or 0,3,7 (default: all)")
     compare.add_argument(
         "--methods", default=None,
         help=f"comma-separated subset of the methods: {', '.join(k for k in METHODS if k != 'reference')} (the reference always runs)",
@@ -85,8 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run the command; an expected failure (a refused argument, missing data) prints one line
+    naming it and returns 2, without a traceback."""
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"pyrobnn {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

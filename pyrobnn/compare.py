@@ -384,6 +384,26 @@ def _splits(dataset, data_dir, splits, quick, seed):
         }
 
 
+def _check_splits(dataset, data_dir, splits):
+    """``splits`` as a list of distinct split numbers that exist for ``dataset`` (``None``: all)."""
+    if splits is None:
+        return None
+    splits = list(splits)
+    if not splits:
+        raise ValueError("splits is empty: give split numbers, or None for all")
+    bad = [v for v in splits if not isinstance(v, int) or isinstance(v, bool) or v < 0]
+    if bad:
+        raise ValueError(f"splits must be non-negative integers, got {bad}")
+    repeated = sorted({v for v in splits if splits.count(v) > 1})
+    if repeated:
+        raise ValueError(f"splits lists {repeated} more than once")
+    available = 1 if dataset == "toy" else uci_num_splits(dataset, data_dir)
+    missing = [v for v in splits if v >= available]
+    if missing:
+        raise ValueError(f"{dataset} has {available} split(s), numbered 0-{available - 1}; no split {missing}")
+    return splits
+
+
 def run_compare(
     dataset: str = "toy",
     out_dir: str = "pyrobnn-compare",
@@ -405,13 +425,14 @@ def run_compare(
         saved in ``out_dir/splits`` (each split is saved as it completes), so that a long run
         stopped part way goes on from where it stopped.
     """
-    os.makedirs(out_dir, exist_ok=True)
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {list(REFERENCES)}, got {reference!r}")
     keys = list(dict.fromkeys(methods)) if methods else list(METHODS)
     unknown = [k for k in keys if k not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    splits = _check_splits(dataset, data_dir, splits)
+    os.makedirs(out_dir, exist_ok=True)
     keys = ["reference"] + [k for k in keys if k != "reference"]
     s = settings(dataset, quick)
     per_split = {k: [] for k in keys}

@@ -63,8 +63,8 @@ class NormalPrior(Prior):
     """
 
     def __init__(self, scale: float = 1.0, fan_in: bool = False):
-        if not scale > 0:
-            raise ValueError(f"prior scale must be positive, got {scale}")
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"prior scale must be a positive finite number, got {scale!r}")
         self.scale = float(scale)
         self.fan_in = bool(fan_in)
 
@@ -106,7 +106,10 @@ class LogUniformPrior(Prior):
     (Molchanov et al. 2017). See :class:`~pyrobnn.distributions.LogUniform`."""
 
     def __init__(self, sample_range=(1e-4, 1.0)):
-        self.sample_range = tuple(sample_range)
+        low, high = (float(v) for v in sample_range)
+        if not (0 < low < high < math.inf):
+            raise ValueError(f"sample_range must be (low, high) with 0 < low < high < inf, got {tuple(sample_range)}")
+        self.sample_range = (low, high)
 
     def distribution(self, site, params=None, dtype=None, device=None):
         return LogUniform(site.shape, self.sample_range, dtype=dtype, device=device)

@@ -81,3 +81,40 @@ def test_compare_runs_the_baselines_built_on_the_ensemble(tmp_path):
         r = by_key[key]
         assert math.isfinite(r["rmse"]) and math.isfinite(r["log_likelihood"]), (key, r)
         assert r["w2_to_reference"] < 3 * by_key["ensemble"]["w2_to_reference"] + 0.05, (key, r)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("x", "'x' in 'x' is not a split number"),
+    ("1.5", "'1.5' in '1.5' is not a split number"),
+    ("5-2", "the range '5-2' in '5-2' is empty"),
+    ("0,,3", "'' in '0,,3' is not a split number"),
+    ("0,0", "lists split(s) [0] more than once"),
+    ("0-3,2", "lists split(s) [2] more than once"),
+])
+def test_cli_splits_are_refused_with_a_usage_error_naming_them(text, message, capsys):
+    from pyrobnn.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", "--splits", text])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_splits_parse_ranges_and_lists():
+    from pyrobnn.cli import parse_splits
+
+    assert parse_splits("0-2,7") == [0, 1, 2, 7]
+
+
+def test_compare_refuses_bad_splits_before_writing_anything(tmp_path, capsys):
+    from pyrobnn.cli import main
+
+    out = tmp_path / "never"
+    with pytest.raises(ValueError, match=r"lists \[0\] more than once"):
+        compare.run_compare(out_dir=str(out), splits=[0, 0], quick=True, progress=False)
+    with pytest.raises(ValueError, match="toy has 1 split"):
+        compare.run_compare(out_dir=str(out), splits=[1], quick=True, progress=False)
+    assert main(["compare", "--quick", "--methods", "bogus", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyrobnn compare: error: unknown methods ['bogus']") and "Traceback" not in err
+    assert not out.exists()

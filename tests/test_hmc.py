@@ -113,3 +113,23 @@ def test_samples_feed_predictive_and_predict():
     assert pred.rmse(y) < 0.35  # the noise is 0.2 and sd(y) is 0.7
     with pytest.raises(ValueError, match="fixed noise scale or a prior"):
         nuts(pyrobnn.BayesianModel(pyrobnn.MLP(1, 1), pyrobnn.GaussianLikelihood(scale="learned")), x.float(), y.float(), progress=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_samples": 0}, "num_samples must be an integer >= 1, got 0"),
+    ({"num_warmup": -1}, "num_warmup must be an integer >= 0"),
+    ({"max_tree_depth": 0}, "max_tree_depth must be an integer >= 1"),
+    ({"target_accept": 1.5}, r"target_accept must be in \(0, 1\), got 1.5"),
+    ({"num_chains": 0}, "num_chains must be a positive integer, got 0"),
+])
+def test_nuts_refuses_arguments_out_of_range(kwargs, message):
+    model, x, y = small_bnn(noise_prior=False)
+    with pytest.raises(ValueError, match=message):
+        nuts(model, x, y, progress=False, **kwargs)
+
+
+def test_priors_refuse_what_later_misleads():
+    with pytest.raises(ValueError, match="prior scale must be a positive finite number, got inf"):
+        pyrobnn.NormalPrior(float("inf"))
+    with pytest.raises(ValueError, match=r"sample_range must be \(low, high\) with 0 < low < high"):
+        pyrobnn.LogUniformPrior(sample_range=(1, 0.1))

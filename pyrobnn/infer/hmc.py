@@ -99,6 +99,12 @@ def nuts(
         (default): seconds of compilation, then many times less time per step on small
         networks. Falls back to eager code with a warning if compilation fails.
     """
+    for name, value, least in (("num_samples", num_samples, 1), ("num_warmup", num_warmup, 0), ("max_tree_depth", max_tree_depth, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if not (isinstance(target_accept, (int, float)) and 0 < target_accept < 1):
+        raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
+
     def run(potential_fn, z0, generator, compiled):
         return sample_nuts(
             potential_fn, z0, num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth,
