@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 from typing import Optional
 
 import pyro
@@ -112,11 +114,21 @@ def predict(
     check_finite(x, "x")
     if method not in ("sample", "mean"):
         raise ValueError(f"method must be 'sample' or 'mean', got {method!r}")
+    for name, value in (("batch_size", batch_size), ("sample_batch_size", sample_batch_size)):
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
     given = _posterior_samples(guide)
     if given is not None:
         if method == "mean":
             raise ValueError("method='mean' needs a guide; with posterior samples use method='sample'")
-        available = next(iter(given.values())).shape[0]
+        needed = [s.name for s in model.sites] + list(model.likelihood.latent_sites())
+        missing = [name for name in needed if name not in given]
+        if missing:
+            raise ValueError(f"the posterior samples lack the sites {missing}")
+        counts = {name: given[name].shape[0] for name in needed}
+        if len(set(counts.values())) != 1:
+            raise ValueError(f"the posterior samples hold different numbers of draws per site: {counts}")
+        available = counts[needed[0]] if needed else next(iter(given.values())).shape[0]
         num_samples = available if num_samples is None else min(int(num_samples), available)
         given = {k: v[:num_samples] for k, v in given.items()}
     elif num_samples is None:

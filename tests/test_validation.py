@@ -121,3 +121,42 @@ def test_configuration_errors():
         pyrobnn.fit(model, pyrobnn.MeanFieldNormal(model), X, Y, batch_size=0, progress=False)
     with pytest.raises(TypeError, match="nn.Module"):
         pyrobnn.BayesianModel(lambda x: x, pyrobnn.GaussianLikelihood())
+
+
+def test_predict_refuses_bad_sizes_and_inconsistent_samples():
+    import pyrobnn
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 1)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(3,)), pyrobnn.GaussianLikelihood(scale=0.1))
+    samples = {s.name: torch.randn((4,) + tuple(s.shape)) for s in model.sites}
+    assert pyrobnn.predict(model, samples, x).mean.shape == (6, 1)
+    for kwargs in ({"batch_size": 0}, {"sample_batch_size": 0}, {"batch_size": 2.5}):
+        name = next(iter(kwargs))
+        with pytest.raises(ValueError, match=f"{name} must be a positive integer or None"):
+            pyrobnn.predict(model, samples, x, **kwargs)
+    missing = dict(samples)
+    first = next(iter(missing))
+    del missing[first]
+    with pytest.raises(ValueError, match=rf"lack the sites \['{first}'\]"):
+        pyrobnn.predict(model, missing, x)
+    uneven = dict(samples)
+    uneven[first] = uneven[first][:2]
+    with pytest.raises(ValueError, match="different numbers of draws per site"):
+        pyrobnn.predict(model, uneven, x)
+
+
+def test_fit_refuses_fractional_epochs_and_zero_particles_or_checkpoint_interval():
+    import pyrobnn
+
+    x, y = torch.randn(8, 1), torch.randn(8, 1)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(3,)), pyrobnn.GaussianLikelihood(scale=0.1))
+    guide = pyrobnn.MeanFieldNormal(model)
+    before = {k: v.clone() for k, v in guide.state_dict().items()}
+    with pytest.raises(ValueError, match="epochs must be a non-negative integer, got 2.5"):
+        pyrobnn.fit(model, guide, x, y, epochs=2.5, progress=False)
+    with pytest.raises(ValueError, match="num_particles must be a positive integer, got 0"):
+        pyrobnn.fit(model, guide, x, y, epochs=1, num_particles=0, progress=False)
+    with pytest.raises(ValueError, match="checkpoint_every must be a positive integer, got 0"):
+        pyrobnn.fit(model, guide, x, y, epochs=1, checkpoint_every=0, progress=False)
+    assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -182,6 +183,8 @@ class SVITrainer:
         estimator=None,
         compile: bool = False,
     ):
+        if not isinstance(num_particles, numbers.Integral) or isinstance(num_particles, bool) or num_particles < 1:
+            raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
         self.model = model
         self.guide = guide
         self.elbo = make_elbo(elbo, guide, num_particles)
@@ -368,8 +371,10 @@ class SVITrainer:
             steps_per_epoch = len(loader)
             first_x, first_y = next(iter(loader))
             validate_training_data(self.model, first_x, first_y)
-        if epochs < 0:
-            raise ValueError(f"epochs must be non-negative, got {epochs}")
+        if not isinstance(epochs, numbers.Integral) or isinstance(epochs, bool) or epochs < 0:
+            raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
+        if not isinstance(checkpoint_every, numbers.Integral) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
 
         if resume and checkpoint is not None and os.path.exists(checkpoint):
             self.load_checkpoint(checkpoint, first_x, first_y, n)
