@@ -18,6 +18,7 @@ import json
 import os
 import pickle
 import tempfile
+import time
 
 import torch
 
@@ -27,15 +28,57 @@ FORMAT = "pyrobnn"
 VERSION = 1
 
 
+#: temporary files of an atomic write: ``.tmp-pyrobnn-<pid>-<random>`` beside the target
+TMP_PREFIX = ".tmp-pyrobnn-"
+#: a temporary file of a process that no longer runs, older than this, is a leftover of a killed
+#: save (on a shared folder the process may run on another host: the age protects its write)
+STALE_SECONDS = 600.0
+
+
+def _remove_stale_temporaries(folder) -> None:
+    now = time.time()
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(TMP_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(TMP_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        path = os.path.join(folder, name)
+        try:
+            os.kill(int(pid), 0)
+            continue  # that process still runs here
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue  # alive (another user's) or not a pid of this host
+        try:
+            if now - os.path.getmtime(path) > STALE_SECONDS:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def _atomic_file(path, mode: str):
     """An open temporary file beside ``path``, flushed to disk and renamed over ``path`` when
-    the block ends without an error, removed otherwise."""
+    the block ends without an error, removed otherwise. The file gets the permissions a new
+    file gets under the user's umask (``tempfile`` would make it private, 0600), and leftovers
+    of killed saves in the folder (see ``STALE_SECONDS``) are removed first."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    _remove_stale_temporaries(folder)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
@@ -80,17 +123,24 @@ def record_results(path, entries) -> list:
 
 
 def safe_load(path, map_location=None):
-    """``torch.load(path, weights_only=True)``, with a clear error for refused files."""
+    """``torch.load(path, weights_only=True)``, with a clear error for refused files: one that
+    carries objects other than tensors and plain containers, and one that is empty, truncated or
+    not a PyTorch file at all."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no file at {path}")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, AttributeError, EOFError) as e:
+    except (pickle.UnpicklingError, AttributeError) as e:
+        if "weights only" not in str(e).lower() and "weights_only" not in str(e).lower():
+            raise ValueError(f"{path} is corrupted or not a pyrobnn file ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
         raise ValueError(
             f"refusing to load {path}: it is not a file of tensors and plain containers "
             f"(torch.load with weights_only=True rejected it: {str(e).splitlines()[0]})"
         ) from e
+    except (RuntimeError, EOFError, IndexError, OSError, ValueError, KeyError) as e:
+        first = str(e).splitlines()[0][:200] if str(e) else "the file ended early" if isinstance(e, EOFError) else ""
+        raise ValueError(f"{path} is corrupted or not a pyrobnn file ({type(e).__name__}{': ' + first if first else ''})") from e
 
 
 def describe(model, guide) -> dict:

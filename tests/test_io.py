@@ -2,6 +2,10 @@
 
 import os
 import pickle
+import stat
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -90,3 +94,49 @@ def test_an_interrupted_write_leaves_the_old_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert torch.equal(torch.load(path, weights_only=True)["a"], torch.ones(3))
     assert os.listdir(tmp_path) == ["state.pt"]
+
+
+def test_empty_truncated_or_foreign_files_are_reported_as_corrupted_with_the_path(tmp_path):
+    model, guide = make(0)
+    good = tmp_path / "good.pt"
+    pyrobnn.save(good, model, guide)
+    data = good.read_bytes()
+    cases = {"empty.pt": b"", "truncated.pt": data[: len(data) // 2], "text.pt": b"hello world"}
+    before = {k: v.clone() for k, v in guide.state_dict().items()}
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=rf"{path} is corrupted or not a pyrobnn file"):
+            pyrobnn.load(path, model, guide)
+    assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())
+
+
+@pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_writes_get_the_users_umask(tmp_path, umask, expected):
+    from pyrobnn.io import atomic_write_text
+
+    old = os.umask(umask)
+    try:
+        atomic_write_text("x", tmp_path / "f.txt")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "f.txt").st_mode) == expected
+
+
+def test_stale_temporaries_of_killed_saves_are_removed(tmp_path):
+    from pyrobnn.io import STALE_SECONDS, TMP_PREFIX, atomic_write_text
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs
+    stale = tmp_path / f"{TMP_PREFIX}{dead.pid}-abc"
+    fresh = tmp_path / f"{TMP_PREFIX}{dead.pid}-def"
+    mine = tmp_path / f"{TMP_PREFIX}{os.getpid()}-ghi"
+    other = tmp_path / ".tmp-someone-else"
+    for p in (stale, fresh, mine, other):
+        p.write_text("partial")
+    old = time.time() - 2 * STALE_SECONDS
+    for p in (stale, mine, other):
+        os.utime(p, (old, old))
+    atomic_write_text("x", tmp_path / "f.txt")
+    assert not stale.exists()
+    assert fresh.exists() and mine.exists() and other.exists()
