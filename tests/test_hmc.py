@@ -133,3 +133,13 @@ def test_priors_refuse_what_later_misleads():
         pyrobnn.NormalPrior(float("inf"))
     with pytest.raises(ValueError, match=r"sample_range must be \(low, high\) with 0 < low < high"):
         pyrobnn.LogUniformPrior(sample_range=(1, 0.1))
+
+
+def test_samplers_take_float64_targets_for_a_float32_network():
+    """fit converted float64 targets; nuts failed inside the potential with a dtype error."""
+    torch.manual_seed(0)
+    x = torch.randn(10, 1)
+    y = torch.randn(10, 1, dtype=torch.float64)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(3,)), pyrobnn.GaussianLikelihood(scale=0.1))
+    result = nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=1, compile=False, progress=False)
+    assert all(v.dtype == torch.float32 for v in result.samples.values())

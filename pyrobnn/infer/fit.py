@@ -83,7 +83,8 @@ class History:
 
 def validate_training_data(model, x, y):
     """Convert and check ``x, y`` once, over the whole data set: types, dtypes, lengths,
-    finite values, target shapes and label ranges. Returns the tensors."""
+    finite values, target shapes and label ranges. Returns the tensors (floating targets in the
+    model's dtype)."""
     x = as_tensor(x, "x")
     model.check_x(x)
     check_finite(x, "x")
@@ -93,6 +94,8 @@ def validate_training_data(model, x, y):
     if y.dim() == 0 or y.shape[0] != x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has shape {tuple(y.shape)}")
     check_finite(y, "y")
+    if y.is_floating_point() and y.dtype != model.dtype:
+        y = y.to(model.dtype)  # float64 targets for a float32 network, as fit always allowed
     output_shape = check_forward(model.net, x.to(model.device))
     if len(output_shape) != 2:
         raise ValueError(f"the network must output (N, D); it gave shape {tuple(output_shape)}")
