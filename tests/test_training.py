@@ -228,3 +228,24 @@ def test_ard_prior_variance_reaches_its_empirical_bayes_optimum_by_monte_carlo()
         optimum = guide.loc[site_key(site.name)] ** 2 + guide.scale_of(site) ** 2
         # 64 particles per step and a decayed step size: within a few percent
         assert torch.allclose(lam, optimum, rtol=0.1), (site.name, (lam / optimum).min(), (lam / optimum).max())
+
+
+def test_a_checkpoint_of_another_guide_is_refused_before_anything_changes(tmp_path):
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 1), torch.randn(16, 1)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale="learned"))
+    other = pyrobnn.SVITrainer(model, pyrobnn.MCDropout(model, p=0.1))
+    other.fit(x, y, epochs=1, progress=False)
+    path = tmp_path / "dropout.pt"
+    other.save_checkpoint(path)
+
+    trained = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale="learned"))
+    trainer = pyrobnn.SVITrainer(trained, pyrobnn.MeanFieldNormal(trained))
+    trainer.fit(x, y, epochs=2, progress=False)
+    model_before = {k: v.clone() for k, v in trained.state_dict().items()}
+    guide_before = {k: v.clone() for k, v in trainer.guide.state_dict().items()}
+    with pytest.raises(ValueError, match="the saved guide state does not match this guide"):
+        trainer.load_checkpoint(path, x, y)
+    assert all(torch.equal(model_before[k], v) for k, v in trained.state_dict().items())
+    assert all(torch.equal(guide_before[k], v) for k, v in trainer.guide.state_dict().items())
+    assert trainer.epoch == 2

@@ -81,6 +81,19 @@ class History:
         return cls(**d)
 
 
+def _check_same_tensors(what, current: dict, saved: dict) -> None:
+    """Refuse a saved state whose names or shapes differ from ``current``'s, naming them."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"the saved {what} state is not a dict of tensors")
+    absent, extra = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+    if absent or extra:
+        raise ValueError(f"the saved {what} state does not match this {what}: missing {absent[:5]}, unexpected {extra[:5]}")
+    shapes = [k for k in current if tuple(current[k].shape) != tuple(saved[k].shape)]
+    if shapes:
+        k = shapes[0]
+        raise ValueError(f"the saved {what} state has {k} of shape {tuple(saved[k].shape)}, this {what} {tuple(current[k].shape)}")
+
+
 def validate_training_data(model, x, y):
     """Convert and check ``x, y`` once, over the whole data set: types, dtypes, lengths,
     finite values, target shapes and label ranges. Returns the tensors (floating targets in the
@@ -307,9 +320,17 @@ class SVITrainer:
         }
 
     def load_state_dict(self, state: dict, x=None, y=None, dataset_size=None) -> None:
-        self.model.load_state_dict(state["model"])
+        """Restore a training state. Everything is checked (the parts present, and the model's and
+        the guide's parameter names and shapes) before anything is changed, so a refused state
+        leaves the trainer as it was."""
+        missing = [k for k in ("model", "guide", "optimizer", "history", "epoch", "torch_rng", "data_rng") if k not in state]
+        if missing:
+            raise ValueError(f"the training state lacks {missing}")
         if x is not None:
             self._setup(x[:1].to(self.model.device), y[:1].to(self.model.device), dataset_size)
+        for what, module in (("model", self.model), ("guide", self.guide)):
+            _check_same_tensors(what, module.state_dict(), state[what])
+        self.model.load_state_dict(state["model"])
         self.guide.load_state_dict(state["guide"])
         if state["optimizer"] is not None:
             if self.optimizer is None:
