@@ -8,12 +8,13 @@ nothing, so that direct use with ``pyro.infer.SVI`` cannot broadcast targets sil
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["as_tensor", "check_finite", "check_label_dtype", "check_label_range", "check_inputs", "check_forward", "expected_input"]
+__all__ = ["as_tensor", "check_positive_int", "check_finite", "check_label_dtype", "check_label_range", "check_inputs", "check_forward", "expected_input"]
 
 
 def as_tensor(value, name: str) -> torch.Tensor:
@@ -23,6 +24,13 @@ def as_tensor(value, name: str) -> torch.Tensor:
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value)
     raise ValueError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
+
+
+def check_positive_int(name: str, value) -> None:
+    """Refuse anything but a positive integer (a Python or NumPy integer, not a bool) for the
+    argument ``name``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def check_label_dtype(y: torch.Tensor) -> None:

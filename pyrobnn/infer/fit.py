@@ -18,7 +18,7 @@ from pyrobnn.estimators import ESTIMATORS, Estimator
 from pyrobnn.infer.elbo import SplitELBO, make_elbo
 from pyrobnn.infer.flat import FlatELBO
 from pyrobnn.io import atomic_save, safe_load
-from pyrobnn.validation import as_tensor, check_finite, check_forward
+from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int
 
 __all__ = ["fit", "SVITrainer", "History", "KLAnnealing", "NonFiniteLossError", "validate_training_data"]
 
@@ -199,8 +199,7 @@ class SVITrainer:
         estimator=None,
         compile: bool = False,
     ):
-        if not isinstance(num_particles, numbers.Integral) or isinstance(num_particles, bool) or num_particles < 1:
-            raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+        check_positive_int("num_particles", num_particles)
         self.model = model
         self.guide = guide
         self.elbo = make_elbo(elbo, guide, num_particles)
@@ -397,8 +396,7 @@ class SVITrainer:
             validate_training_data(self.model, first_x, first_y)
         if not isinstance(epochs, numbers.Integral) or isinstance(epochs, bool) or epochs < 0:
             raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
-        if not isinstance(checkpoint_every, numbers.Integral) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+        check_positive_int("checkpoint_every", checkpoint_every)
 
         if resume and checkpoint is not None and os.path.exists(checkpoint):
             self.load_checkpoint(checkpoint, first_x, first_y, n)

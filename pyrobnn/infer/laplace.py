@@ -39,6 +39,7 @@ from pyrobnn.infer.fit import validate_training_data
 from pyrobnn.infer.hmc import MCMCResult, check_samplable
 from pyrobnn.likelihoods import CategoricalLikelihood, GaussianLikelihood
 from pyrobnn.priors import NormalPrior
+from pyrobnn.validation import check_positive_int
 
 __all__ = ["LaplaceResult", "laplace", "SUBSETS", "HESSIANS"]
 
@@ -79,8 +80,7 @@ class LaplaceResult(MCMCResult):
         never the Jacobian itself), summarized by the model's likelihood: a
         :class:`~pyrobnn.predictions.RegressionPrediction` or a
         :class:`~pyrobnn.predictions.ClassificationPrediction`."""
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_positive_int("batch_size", batch_size)
         net = self.map_net
         params = {n: p.detach() for n, p in net.named_parameters()}
         primals = {n: self.map_values[n] for n in self.site_names}
@@ -187,10 +187,8 @@ def laplace(
         raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
     if hessian not in HESSIANS:
         raise ValueError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
-    if not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    check_positive_int("num_samples", num_samples)
+    check_positive_int("batch_size", batch_size)
     kind = _check_model(model)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)

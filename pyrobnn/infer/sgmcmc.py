@@ -37,6 +37,7 @@ from pyrobnn.infer.ensemble import member_initializations
 from pyrobnn.infer.fit import validate_training_data
 from pyrobnn.infer.hmc import MCMCResult, check_samplable, initial_positions
 from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.validation import check_positive_int
 
 __all__ = ["sgld", "sghmc", "sgld_step", "sghmc_step", "cyclical_step_size", "minibatch_log_joint_grad", "SCHEDULES"]
 
@@ -82,11 +83,6 @@ def minibatch_log_joint_grad(potential, z, x, y, dataset_size):
 AUTO_STEP = 0.1
 
 
-def _check_positive_int(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
          batch_size, num_chains, init, seed, progress):
     check_samplable(model)
@@ -97,7 +93,7 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     for name, value in (("num_steps", num_steps), ("thinning", thinning), ("num_cycles", num_cycles), ("batch_size", batch_size)):
-        _check_positive_int(name, value)
+        check_positive_int(name, value)
     if num_burnin is None:
         num_burnin = num_steps // 2
     if schedule == "constant" and (not isinstance(num_burnin, int) or num_burnin < 0 or num_burnin >= num_steps):
@@ -115,7 +111,7 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
         y = potential.y
         generator = torch.Generator(device=model.device).manual_seed(seed)
         if init is None:
-            _check_positive_int("num_chains", num_chains)
+            check_positive_int("num_chains", num_chains)
             z = member_initializations(model, potential, num_chains, seed)
         else:
             z = initial_positions(potential, init, num_chains, 2.0, generator)

@@ -34,6 +34,7 @@ from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble
 from pyrobnn.infer.fit import validate_training_data
 from pyrobnn.infer.hmc import MCMCResult, check_samplable
 from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.validation import check_positive_int
 
 __all__ = ["SWAGMoments", "SWAGResult", "swag", "swag_moments", "AUTO_LR"]
 
@@ -123,8 +124,7 @@ def swag(
     """
     check_samplable(model)
     for name, value in (("num_epochs", num_epochs), ("batch_size", batch_size), ("rank", rank), ("num_samples", num_samples), ("num_runs", num_runs)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive_int(name, value)
     if num_epochs < 2:
         raise ValueError(f"num_epochs must be at least 2 (one iterate per epoch), got {num_epochs}")
     if lr != "auto" and not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
