@@ -58,7 +58,7 @@ class LaplaceResult(MCMCResult):
     map_values: dict = None
     map_net: object = None  # the network at the MAP (deterministic copy), for the linearized predictive
     likelihood: object = None
-    site_names: tuple = ()
+    covered_names: tuple = ()  # the sites with a Gaussian posterior; the others sit at the MAP
     latent_names: tuple = ()
 
     @property
@@ -83,8 +83,9 @@ class LaplaceResult(MCMCResult):
         check_positive_int("batch_size", batch_size)
         net = self.map_net
         params = {n: p.detach() for n, p in net.named_parameters()}
-        primals = {n: self.map_values[n] for n in self.site_names}
-        tangents = {n: self.samples[n][0] - self.map_values[n] for n in self.site_names}
+        # only the sites the approximation covers vary (the last layer's, with subset="last_layer")
+        primals = {n: self.map_values[n] for n in self.covered_names}
+        tangents = {n: self.samples[n][0] - self.map_values[n] for n in self.covered_names}
         outputs = []
         with torch.no_grad():
             for i in range(0, x.shape[0], batch_size):
@@ -254,5 +255,5 @@ def laplace(
         p.requires_grad_(False)
     return LaplaceResult(
         ordered, {}, seconds, f"Laplace ({hessian}, {subset.replace('_', ' ')})", approximation=la, map_values=values,
-        map_net=net, likelihood=model.likelihood, site_names=tuple(s.name for s in model.sites), latent_names=tuple(latents),
+        map_net=net, likelihood=model.likelihood, covered_names=tuple(covered), latent_names=tuple(latents),
     )
