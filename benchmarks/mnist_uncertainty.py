@@ -35,7 +35,7 @@ import torch
 import pyrobnn
 from pyrobnn.calibration import TemperatureScaling
 from pyrobnn.data import mnist
-from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble
+from pyrobnn.infer.ensemble import deep_ensemble
 from pyrobnn.infer.laplace import laplace
 from pyrobnn.infer.sgmcmc import sghmc, sgld
 from pyrobnn.infer.swag import swag
@@ -125,7 +125,7 @@ def main(argv=None):
     ensemble = deep_ensemble(model, d["x"], d["y"], s["members"], x_val=d["x_val"], y_val=d["y_val"], objective="map", lr=1e-3,
                              batch_size=s["batch"], max_epochs=s["epochs"], patience=3, seed=args.seed, progress=False)
     t_ens = time.perf_counter() - start
-    first = EnsembleResult({k: v[:1] for k, v in ensemble.samples.items()}, {}, ensemble.seconds, "MAP")
+    first = ensemble.member(0)
     if want("map"):
         record("MAP", sampled(model, first, None), t_ens)
     if want("temperature"):

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 import pyrobnn
 from pyrobnn import metrics
 from pyrobnn.data import gap_regression, uci, uci_num_splits
-from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble, ensemble_sampling
+from pyrobnn.infer.ensemble import deep_ensemble, ensemble_sampling
 from pyrobnn.infer.hmc import nuts
 from pyrobnn.infer.laplace import laplace
 from pyrobnn.infer.sgmcmc import sghmc, sgld
@@ -273,7 +273,7 @@ def _posterior_from_map(key, model, split, s, seed, ensemble, progress):
     n = x.shape[0]
     batch = min(s.batch_size or 32, n)  # minibatches even where the VI methods take full batches
     if key in ("laplace", "swag"):
-        first = EnsembleResult({k: v[:1] for k, v in ensemble.samples.items()}, {}, ensemble.seconds, ensemble.method)
+        first = ensemble.member(0)
         if key == "laplace":
             return laplace(model, x, y, subset="all", hessian="kron", map_estimate=first, num_samples=s.num_predictive, seed=seed)
         return swag(model, x, y, num_epochs=s.sg_epochs, lr="auto", batch_size=batch, rank=20,

@@ -58,6 +58,13 @@ class EnsembleResult(MCMCResult):
     def num_members(self) -> int:
         return self.num_chains
 
+    def member(self, k: int) -> "EnsembleResult":
+        """Member ``k`` alone, as a one-member ensemble (e.g. the MAP that Laplace or SWAG start from)."""
+        if not -self.num_members <= k < self.num_members:
+            raise IndexError(f"member {k} out of range for an ensemble of {self.num_members}")
+        k = k % self.num_members
+        return EnsembleResult({name: v[k : k + 1] for name, v in self.samples.items()}, {}, self.seconds, self.method)
+
 
 def member_initializations(model, potential, num_members: int, seed: int = 0):
     """``(K, dim)`` unconstrained starting points: member ``k`` re-initializes a copy of the
