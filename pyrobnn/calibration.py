@@ -26,6 +26,8 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 
         raise ValueError(f"logits must be a tensor of shape (N, C), got {getattr(logits, 'shape', type(logits).__name__)}")
     if not isinstance(labels, torch.Tensor) or labels.shape != logits.shape[:1]:
         raise ValueError(f"labels must have shape ({logits.shape[0]},), got {getattr(labels, 'shape', type(labels).__name__)}")
+    if logits.shape[0] == 0:
+        raise ValueError("logits are empty: temperature scaling needs at least one validation point")
     check_label_dtype(labels)
     check_label_range(labels, logits.shape[1], f" for logits with {logits.shape[1]} classes")
     if not torch.isfinite(logits).all():

@@ -166,6 +166,11 @@ def ood_auroc(score_in: torch.Tensor, score_out: torch.Tensor) -> float:
     entropy, mutual information); 0.5 is chance. Computed by torchmetrics."""
     from torchmetrics.functional.classification import binary_auroc
 
+    for name, score in (("score_in", score_in), ("score_out", score_out)):
+        if score.numel() == 0:
+            raise ValueError(f"{name} is empty: the AUROC needs points on both sides")
+        if not torch.isfinite(score).all():
+            raise ValueError(f"{name} contains non-finite values")
     scores = torch.cat([score_in.reshape(-1), score_out.reshape(-1)]).double()
     labels = torch.cat([torch.zeros(score_in.numel(), dtype=torch.long), torch.ones(score_out.numel(), dtype=torch.long)])
     return float(binary_auroc(scores, labels))

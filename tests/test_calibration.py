@@ -72,3 +72,14 @@ def test_temperature_scaling_wrapper_and_reliability_diagram(tmp_path):
     assert (tmp_path / "reliability.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="labels must have shape"):
         fit_temperature(logits, labels[:5])
+
+
+def test_empty_or_non_finite_inputs_are_refused():
+    with pytest.raises(ValueError, match="logits are empty"):
+        fit_temperature(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="logits contain non-finite values"):
+        fit_temperature(torch.tensor([[0.0, float("nan")]]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="score_out is empty"):
+        ood_auroc(torch.tensor([0.1]), torch.tensor([]))
+    with pytest.raises(ValueError, match="score_in contains non-finite values"):
+        ood_auroc(torch.tensor([float("inf")]), torch.tensor([0.2]))
