@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pyrobnn.numerics import softplus
-from pyrobnn.params import announce_param
+from pyrobnn.params import call_substituted, pyro_params
 
 __all__ = ["WeightGuide", "inverse_softplus", "site_key"]
 
@@ -36,13 +36,20 @@ class WeightGuide(nn.Module):
     :math:`q(\sigma) = \text{LogNormal}(m, \text{softplus}(\rho)^2)`, initialized at the
     prior's mean (or 1 if it has none) with log-scale 0.1.
 
-    The guide keeps its parameters as ordinary ``nn.Parameter`` attributes (not in Pyro's
-    global parameter store) and announces them as Pyro ``param`` sites when called, so
-    ``pyro.infer.SVI`` optimizes them and two guides never share a parameter.
+    The guide keeps its parameters as ordinary ``nn.Parameter`` attributes and, when called
+    under Pyro, emits each as a ``param`` site named :attr:`pyro_prefix` + its path in the module
+    (``"guide.loc.0:weight"``; :mod:`pyrobnn.params`): ``pyro.infer.SVI`` optimizes them,
+    ``pyro.optim`` options per name and its saved state apply, ``JitTrace_ELBO`` works, and
+    two guides never share a value.
 
     Subclasses implement :meth:`posterior` (batch shape ``site.shape``) and
     :meth:`posterior_mean_of`.
     """
+
+    #: prefix of the guide's Pyro ``param`` names; set another on one of two guides with the
+    #: same parameter paths that are trained in alternation under ``JitTrace_ELBO`` (the JIT
+    #: looks each name up in Pyro's store before a step)
+    pyro_prefix = "guide."
 
     #: the ELBO :func:`pyrobnn.fit` uses by default: "trace" (Monte Carlo KL, Pyro's
     #: ``Trace_ELBO``) or "meanfield" (registered KL, ``TraceMeanField_ELBO``)
@@ -65,7 +72,6 @@ class WeightGuide(nn.Module):
             self.latent_rho[site_key(name)] = nn.Parameter(inverse_softplus(torch.tensor(0.1, dtype=model.dtype, device=model.device)))
         self._site_priors = {s.name: model.site_prior(s) for s in self.sites}
         self._prior_cache = {}
-        self._announced = None
 
     # ------------------------------------------------------------------ interface
     def posterior(self, site):
@@ -119,10 +125,12 @@ class WeightGuide(nn.Module):
     def forward(self, *args, **kwargs):
         """Sample every weight site (and latent likelihood site) from its factor. The model's
         arguments are accepted and ignored: the factors do not depend on the data."""
-        if self._announced is None:
-            self._announced = [("guide." + n, p) for n, p in self.named_parameters()]
-        for name, param in self._announced:
-            announce_param(name, param)
+        replaced = pyro_params(self.named_parameters(), self.pyro_prefix)
+        if replaced:
+            return call_substituted(self, replaced, self._sample_sites)
+        return self._sample_sites()
+
+    def _sample_sites(self):
         samples = {}
         for site in self.sites:
             samples[site.name] = pyro.sample(site.name, self.posterior(site).to_event(len(site.shape)))

@@ -12,7 +12,7 @@ from torch import nn
 from pyrobnn.likelihoods import Likelihood
 from pyrobnn.models.functional import call_with_weights
 from pyrobnn.models.sites import DEFAULT_EXCLUDE, select_sites
-from pyrobnn.params import announce_param
+from pyrobnn.params import call_substituted, pyro_params
 from pyrobnn.priors import NormalPrior, Prior
 from pyrobnn.validation import check_inputs, expected_input
 
@@ -60,6 +60,10 @@ class BayesianModel(nn.Module):
         guide = MeanFieldNormal(model)
         pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO()).step(x, y)
     """
+
+    #: prefix of the point parameters' Pyro ``param`` names (their paths in the model, e.g.
+    #: ``"likelihood.scale_unconstrained"``); see :attr:`pyrobnn.guides.WeightGuide.pyro_prefix`
+    pyro_prefix = ""
 
     def __init__(
         self,
@@ -158,8 +162,12 @@ class BayesianModel(nn.Module):
             the likelihood's ``dataset_size``).
         """
         self.check_x(x)
-        for name, param in self.point_parameters():
-            announce_param(name, param)
+        replaced = pyro_params(self.point_parameters(), self.pyro_prefix)
+        if replaced:
+            return call_substituted(self, replaced, self._run, x, y, dataset_size)
+        return self._run(x, y, dataset_size)
+
+    def _run(self, x, y, dataset_size):
         values = {s.name: pyro.sample(s.name, self.prior_distribution(s)) for s in self.sites}
         latents = self.likelihood.sample_latents()
         output = call_with_weights(self.net, self.sites, values, x)
