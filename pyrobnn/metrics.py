@@ -134,9 +134,9 @@ def expected_calibration_error(probs: torch.Tensor, y: torch.Tensor, num_bins: i
     confidence, predicted = probs.max(-1)
     correct = (predicted == y).to(probs.dtype)
     bins = torch.clamp((confidence * num_bins).long(), max=num_bins - 1)
-    total = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, torch.ones_like(confidence))
-    conf_sum = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, confidence)
-    acc_sum = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, correct)
+    total = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add_(0, bins, torch.ones_like(confidence))
+    conf_sum = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add_(0, bins, confidence)
+    acc_sum = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add_(0, bins, correct)
     return ((conf_sum - acc_sum).abs().sum() / confidence.numel()).item()
 
 
@@ -147,9 +147,9 @@ def calibration_bins(probs: torch.Tensor, y: torch.Tensor, num_bins: int = 15):
     confidence, predicted = probs.max(-1)
     correct = (predicted == y).to(probs.dtype)
     bins = torch.clamp((confidence * num_bins).long(), max=num_bins - 1)
-    count = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, torch.ones_like(confidence))
-    conf = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, confidence) / count
-    acc = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, correct) / count
+    count = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add_(0, bins, torch.ones_like(confidence))
+    conf = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add_(0, bins, confidence) / count
+    acc = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add_(0, bins, correct) / count
     return count, conf, acc
 
 
@@ -171,6 +171,6 @@ def ood_auroc(score_in: torch.Tensor, score_out: torch.Tensor) -> float:
             raise ValueError(f"{name} is empty: the AUROC needs points on both sides")
         if not torch.isfinite(score).all():
             raise ValueError(f"{name} contains non-finite values")
-    scores = torch.cat([score_in.reshape(-1), score_out.reshape(-1)]).double()
-    labels = torch.cat([torch.zeros(score_in.numel(), dtype=torch.long), torch.ones(score_out.numel(), dtype=torch.long)])
+    scores = torch.cat([score_in.reshape(-1), score_out.reshape(-1).to(score_in.device)]).double()
+    labels = torch.cat([torch.zeros(score_in.numel(), dtype=torch.long), torch.ones(score_out.numel(), dtype=torch.long)]).to(scores.device)
     return float(binary_auroc(scores, labels))

@@ -12,7 +12,7 @@ from pyro import poutine
 from pyro.infer import Predictive
 
 from pyrobnn.predictions import ClassificationPrediction, RegressionPrediction
-from pyrobnn.validation import as_tensor, check_finite, check_forward
+from pyrobnn.validation import as_tensor, check_finite, check_forward, check_same_placement
 
 __all__ = ["predict", "posterior_mean_values"]
 
@@ -130,9 +130,11 @@ def predict(
             raise ValueError(f"the posterior samples hold different numbers of draws per site: {counts}")
         available = counts[needed[0]] if needed else next(iter(given.values())).shape[0]
         num_samples = available if num_samples is None else min(int(num_samples), available)
-        given = {k: v[:num_samples] for k, v in given.items()}
+        given = {k: v[:num_samples].to(model.device) for k, v in given.items()}
     elif num_samples is None:
         raise ValueError("num_samples is required with a guide")
+    else:
+        check_same_placement(model.init_value(model.sites[0]), guide)
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
     if seed is not None:

@@ -100,7 +100,7 @@ def masks_by_snr(guide, fraction: float, weights_only: bool = True) -> Dict[str,
     names = [s.name for s in guide.sites if not (weights_only and s.is_bias)]
     flat = torch.cat([snr[n].reshape(-1) for n in names])
     remove = int(round(fraction * flat.numel()))
-    keep_flat = torch.ones(flat.numel(), dtype=torch.bool)
+    keep_flat = torch.ones(flat.numel(), dtype=torch.bool, device=flat.device)
     if remove:
         keep_flat[torch.argsort(flat, stable=True)[:remove]] = False
     masks, offset = {}, 0
@@ -109,7 +109,7 @@ def masks_by_snr(guide, fraction: float, weights_only: bool = True) -> Dict[str,
             masks[site.name] = keep_flat[offset : offset + site.numel].reshape(site.shape)
             offset += site.numel
         else:
-            masks[site.name] = torch.ones(site.shape, dtype=torch.bool)
+            masks[site.name] = torch.ones(site.shape, dtype=torch.bool, device=flat.device)
     return masks
 
 

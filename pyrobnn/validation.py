@@ -139,3 +139,16 @@ def check_inputs(expected, x: torch.Tensor, dtype: torch.dtype, name: str = "x")
                 f"{name} has shape {tuple(x.shape)} but the network's first convolution expects "
                 f"a {ndim}-dimensional batch with {channels} channels in dimension 1"
             )
+
+
+def check_same_placement(weights: torch.Tensor, guide) -> None:
+    """Refuse a guide whose parameters are on another device or in another dtype than the
+    model's ``weights`` (``model.to(...)`` moves the model only: move the guide the same way)."""
+    if not isinstance(guide, nn.Module):
+        return
+    for p in guide.parameters():
+        if p.device != weights.device or (p.is_floating_point() and p.dtype != weights.dtype):
+            raise ValueError(
+                f"the guide's parameters are {p.dtype} on {p.device} but the model's weights are "
+                f"{weights.dtype} on {weights.device}: move both, e.g. model.to(device); guide.to(device)"
+            )

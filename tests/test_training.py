@@ -251,3 +251,68 @@ def test_a_checkpoint_of_another_guide_is_refused_before_anything_changes(tmp_pa
     assert all(torch.equal(model_before[k], v) for k, v in trained.state_dict().items())
     assert all(torch.equal(guide_before[k], v) for k, v in trainer.guide.state_dict().items())
     assert trainer.epoch == 2
+
+
+def test_fit_skips_every_update_from_the_first_failed_step_and_says_so():
+    class Breaks(nn.Module):
+        calls = 0
+
+        def forward(self, h):
+            self.calls += 1
+            return h * float("nan") if self.calls > 6 else h
+
+    net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1), Breaks())
+    model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.1))
+    guide = pyrobnn.MeanFieldNormal(model)
+    x, y = regression_data()
+    trainer = SVITrainer(model, guide, lr=0.05)
+    # fit's check of the data runs the network once; then step k is call k + 2
+    with pytest.raises(NonFiniteLossError, match="the loss is nan at step 5 .*before step 5") as info:
+        trainer.fit(x, y, epochs=3, batch_size=16, progress=False, seed=0)
+    assert (info.value.step, info.value.epoch) == (5, 1)
+    # steps 5, 6 and 7 of the second epoch ran but none of them moved a parameter
+    assert all(int(trainer.optimizer.state[p]["step"]) == 5 for p in trainer.parameters())
+    assert all(torch.isfinite(p).all() for p in trainer.parameters())
+    assert len(trainer.history) == 1  # the failed epoch is not recorded
+
+
+def test_an_overflowing_update_is_reported_as_such_and_never_checkpointed(tmp_path):
+    model = mlp_model()
+    guide = pyrobnn.MeanFieldNormal(model)
+    x, y = regression_data()
+    with pytest.raises(ValueError, match="lr must be a finite positive number"):
+        SVITrainer(model, guide, lr=float("inf"))
+    trainer = SVITrainer(model, guide, lr=1e39)  # finite, but the float32 update overflows
+    trainer.step(x, y)
+    with pytest.raises(NonFiniteLossError, match="parameters were already not finite"):
+        trainer.step(x, y)
+    with pytest.raises(NonFiniteLossError, match="not writing"):
+        trainer.save_checkpoint(tmp_path / "ckpt.pt")
+    assert not any(tmp_path.iterdir())
+
+
+def test_fit_synchronizes_with_the_host_once_per_epoch_not_per_step(monkeypatch):
+    """Reading a tensor's value on the host (a device sync on a GPU) is counted; the count
+    does not grow with the number of steps in an epoch."""
+    x, y = regression_data()
+    counts = {}
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            counts["n"] = counts.get("n", 0) + 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def reads(batch_size, estimator):
+        model = mlp_model()
+        guide = pyrobnn.MeanFieldNormal(model)
+        trainer = SVITrainer(model, guide, lr=0.01, estimator=estimator)
+        trainer.fit(x, y, epochs=1, batch_size=batch_size, progress=False, seed=0)
+        counts["n"] = 0
+        trainer.fit(x, y, epochs=3, batch_size=batch_size, progress=False)
+        return counts["n"]
+
+    for estimator in (None, "local"):
+        assert reads(64, estimator) == reads(4, estimator)  # 1 and 16 steps per epoch

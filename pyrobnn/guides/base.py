@@ -11,6 +11,7 @@ from torch import nn
 
 from pyrobnn.numerics import softplus
 from pyrobnn.params import call_substituted, pyro_params
+from pyrobnn.validation import check_same_placement
 
 __all__ = ["WeightGuide", "inverse_softplus", "site_key"]
 
@@ -125,6 +126,7 @@ class WeightGuide(nn.Module):
     def forward(self, *args, **kwargs):
         """Sample every weight site (and latent likelihood site) from its factor. The model's
         arguments are accepted and ignored: the factors do not depend on the data."""
+        check_same_placement(self.sites[0].value, self)
         replaced = pyro_params(self.named_parameters(), self.pyro_prefix)
         if replaced:
             return call_substituted(self, replaced, self._sample_sites)

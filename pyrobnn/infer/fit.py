@@ -7,6 +7,7 @@ import math
 import numbers
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
@@ -18,14 +19,15 @@ from pyrobnn.estimators import ESTIMATORS, Estimator
 from pyrobnn.infer.elbo import SplitELBO, make_elbo
 from pyrobnn.infer.flat import FlatELBO
 from pyrobnn.io import atomic_save, safe_load
-from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int
+from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int, check_same_placement
 
 __all__ = ["fit", "SVITrainer", "History", "KLAnnealing", "NonFiniteLossError", "validate_training_data"]
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss or its gradient was NaN or infinite. The parameters are those before the
-    failed step (the last finite ones); :attr:`step` and :attr:`epoch` say where."""
+    """The loss or its gradient was NaN or infinite. No update from the failed step on was
+    applied; :attr:`step` and :attr:`epoch` say where, and the message says whether the
+    parameters themselves are finite."""
 
     def __init__(self, message, step: int, epoch: int):
         super().__init__(message)
@@ -121,7 +123,7 @@ def _batches(loader_or_tensors, batch_size, generator):
     if isinstance(loader_or_tensors, tuple):
         x, y = loader_or_tensors
         n = x.shape[0]
-        perm = torch.randperm(n, generator=generator)
+        perm = torch.randperm(n, generator=generator).to(x.device, non_blocking=True)
         for i in range(0, n, batch_size):
             idx = perm[i : i + batch_size]
             yield x[idx], y[idx]
@@ -200,6 +202,8 @@ class SVITrainer:
         compile: bool = False,
     ):
         check_positive_int("num_particles", num_particles)
+        if getattr(model, "sites", None):
+            check_same_placement(model.init_value(model.sites[0]), guide)
         self.model = model
         self.guide = guide
         self.elbo = make_elbo(elbo, guide, num_particles)
@@ -219,9 +223,12 @@ class SVITrainer:
             and FlatELBO.supports(model, guide, self.estimator)
         ):
             self.flat = FlatELBO(model, guide, self.elbo.kl, self.estimator, self.elbo.num_particles, compile=compile)
+        if optimizer is None and not (isinstance(lr, numbers.Real) and math.isfinite(lr) and lr > 0):
+            raise ValueError(f"lr must be a finite positive number, got {lr!r}")
         self._optimizer_factory = optimizer
         self.lr = lr
         self.optimizer = None
+        self._failure = None
         self.history = History()
         self.epoch = 0
         self.generator = torch.Generator()
@@ -253,23 +260,38 @@ class SVITrainer:
 
     # ----------------------------------------------------------------- a step
     def _evaluate(self, x, y, dataset_size, beta):
-        """The loss (differentiable), the NLL and the KL (floats) on a minibatch."""
+        """The loss (differentiable), the NLL and the KL (detached 0-d tensors; NaN where the
+        ELBO does not report its terms) on a minibatch."""
         if self.flat is not None:
             self.flat.kl_weight = beta
             terms = self.flat.terms(x, y, dataset_size)
-            return terms.loss, -terms.log_likelihood.item(), terms.kl.item()
+            return terms.loss, -terms.log_likelihood, terms.kl
         with self.estimator if self.estimator is not None else contextlib.nullcontext():
             if isinstance(self.elbo, SplitELBO):
                 self.elbo.kl_weight = beta
                 terms = self.elbo.terms(self.model, self.guide, x, y, dataset_size=dataset_size)
-                return terms.loss, -terms.log_likelihood.item(), terms.kl.item()
+                return terms.loss, -terms.log_likelihood, terms.kl
             loss = self.elbo.differentiable_loss(self.model, self.guide, x, y, dataset_size=dataset_size)
-            return loss, math.nan, math.nan
+            nan = torch.full((), math.nan, dtype=loss.dtype, device=loss.device)
+            return loss, nan, nan
 
-    def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
-        """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)``."""
-        x = x.to(self.model.device)
-        y = y.to(self.model.device)
+    def _skips_on_device(self) -> bool:
+        """Whether the optimizer can skip a step on a flag held on the device (PyTorch's fused
+        Adam, AdamW and SGD take ``found_inf``, as under ``GradScaler``)."""
+        return isinstance(self.optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)) and bool(
+            self.optimizer.defaults.get("fused")
+        )
+
+    def _step_tensors(self, x, y, dataset_size, epoch_fraction):
+        """One step with no host synchronization (for a fused optimizer): ``(loss, nll, kl)``
+        as detached 0-d tensors on the model's device, and ``beta``.
+
+        A non-finite loss or gradient is recorded on the device (:attr:`_failure`) and the
+        update is skipped, as is every later one until :meth:`_raise_if_failed` reports it, so
+        the parameters stay those from before the first failed step."""
+        device = self.model.device
+        x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
         self._setup(x, y, dataset_size)
         if self.lr_schedule is not None:
             factor = self.lr_schedule(epoch_fraction)
@@ -278,33 +300,80 @@ class SVITrainer:
         self.optimizer.zero_grad(set_to_none=True)
         beta = self.kl_annealing(epoch_fraction) if self.kl_annealing else 1.0
         loss, nll, kl = self._evaluate(x, y, dataset_size, beta)
-        value = loss.item()
-        step = self.history.steps
-        if not math.isfinite(value):
-            raise NonFiniteLossError(
-                f"the loss is {value} at step {step} (epoch {self.epoch}); parameters are left at "
-                "their last finite values. Lower the learning rate, check the data, or clip "
-                "gradients (clip_grad_norm=...).",
-                step,
-                self.epoch,
-            )
         loss.backward()
+        value = loss.detach()
         grads = [p.grad for p in self._params if p.grad is not None]
+        bad_loss = ~torch.isfinite(value)
+        bad = bad_loss
         if grads:
-            total = torch.stack(torch._foreach_norm(grads)).sum()
-            if not torch.isfinite(total):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise NonFiniteLossError(
-                    f"the gradient is not finite at step {step} (epoch {self.epoch}) although "
-                    "the loss is; parameters are left at their last finite values",
-                    step,
-                    self.epoch,
-                )
+            bad = bad | ~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
             if self.clip_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(grads, self.clip_grad_norm, foreach=True)
-        self.optimizer.step()
+        self._record_failure(bad, bad_loss, value)
+        if self._skips_on_device():
+            self.optimizer.found_inf = self._failure["failed"].to(torch.float32)
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
+        else:
+            self._raise_if_failed()  # a host sync: this optimizer cannot skip on the device
+            self.optimizer.step()
         self.history.steps += 1
-        return value, nll, kl, beta
+        return value, nll.detach(), kl.detach(), beta
+
+    def _record_failure(self, bad, bad_loss, value):
+        f = self._failure
+        device = value.device
+        if f is None or f["failed"].device != device:
+            f = self._failure = {
+                "failed": torch.zeros((), dtype=torch.bool, device=device),
+                "step": torch.zeros((), dtype=torch.long, device=device),
+                "epoch": torch.zeros((), dtype=torch.long, device=device),
+                "in_loss": torch.zeros((), dtype=torch.bool, device=device),
+                "value": torch.zeros((), dtype=value.dtype, device=device),
+            }
+        first = bad & ~f["failed"]
+        f["step"] = torch.where(first, self.history.steps, f["step"])
+        f["epoch"] = torch.where(first, self.epoch, f["epoch"])
+        f["in_loss"] = torch.where(first, bad_loss, f["in_loss"])
+        f["value"] = torch.where(first, value.to(f["value"].dtype), f["value"])
+        f["failed"] = f["failed"] | bad
+
+    def _raise_if_failed(self) -> None:
+        """Raise :class:`NonFiniteLossError` for the first failed step since the last check
+        (a host synchronization)."""
+        f = self._failure
+        if f is None or not bool(f["failed"]):
+            return
+        self._failure = None
+        step, epoch = int(f["step"]), int(f["epoch"])
+        if bool(f["in_loss"]):
+            what = f"the loss is {float(f['value'])} at step {step} (epoch {epoch})"
+        else:
+            what = f"the gradient is not finite at step {step} (epoch {epoch}) although the loss is"
+        if all(bool(torch.isfinite(p).all()) for p in self._params):
+            where = f"the parameters are those from before step {step} (no later update was applied)"
+        else:
+            where = (
+                f"no update from step {step} on was applied, but the parameters were already not "
+                "finite: an earlier update overflowed"
+            )
+        raise NonFiniteLossError(
+            f"{what}; {where}. Lower the learning rate, check the data, or clip gradients (clip_grad_norm=...).",
+            step,
+            epoch,
+        )
+
+    def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
+        """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)`` as floats.
+        A non-finite loss or gradient raises :class:`NonFiniteLossError` with the parameters
+        unchanged by the step. (``fit`` runs the same step without the per-step host
+        synchronization that returning floats costs, and checks once per epoch.)"""
+        loss, nll, kl, beta = self._step_tensors(x, y, dataset_size, epoch_fraction)
+        self._raise_if_failed()
+        loss, nll, kl = torch.stack([loss.to(nll.dtype), nll, kl]).tolist()
+        return loss, nll, kl, beta
 
     # ------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict:
@@ -315,6 +384,8 @@ class SVITrainer:
             "history": self.history.as_dict(),
             "epoch": self.epoch,
             "torch_rng": torch.get_rng_state(),
+            # every GPU's generator, where CUDA has been used (weight noise is drawn there)
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
             "data_rng": self.generator.get_state(),
         }
 
@@ -329,6 +400,16 @@ class SVITrainer:
             self._setup(x[:1].to(self.model.device), y[:1].to(self.model.device), dataset_size)
         for what, module in (("model", self.model), ("guide", self.guide)):
             _check_same_tensors(what, module.state_dict(), state[what])
+        cuda_rng = state.get("cuda_rng")  # absent from checkpoints written before it was saved
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if cuda_rng is not None and len(cuda_rng) != visible:
+            warnings.warn(
+                f"the state holds the random generators of {len(cuda_rng)} GPUs and this process sees "
+                f"{visible}: they are not restored, so training goes on but does not repeat the "
+                "uninterrupted run's random draws",
+                stacklevel=2,
+            )
+            cuda_rng = None
         self.model.load_state_dict(state["model"])
         self.guide.load_state_dict(state["guide"])
         if state["optimizer"] is not None:
@@ -338,9 +419,18 @@ class SVITrainer:
         self.history = History.from_dict(state["history"])
         self.epoch = int(state["epoch"])
         torch.set_rng_state(state["torch_rng"])
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
         self.generator.set_state(state["data_rng"])
 
     def save_checkpoint(self, path) -> None:
+        """Write the training state atomically; a state with non-finite parameters is refused
+        (and nothing is written), so a checkpoint always holds a state training can go on from."""
+        bad = [n for n, p in (*self.model.named_parameters(), *self.guide.named_parameters()) if not bool(torch.isfinite(p).all())]
+        if bad:
+            raise NonFiniteLossError(
+                f"not writing {path}: the parameters {bad[:5]} are not finite", self.history.steps, self.epoch
+            )
         atomic_save({"format": "pyrobnn-checkpoint", "state": self.state_dict()}, path)
 
     def load_checkpoint(self, path, x=None, y=None, dataset_size=None) -> None:
@@ -383,7 +473,7 @@ class SVITrainer:
             batch_size = n if batch_size is None else int(batch_size)
             if batch_size < 1:
                 raise ValueError(f"batch_size must be positive, got {batch_size}")
-            source = (x, y)
+            source = (x.to(self.model.device), y.to(self.model.device))
             steps_per_epoch = math.ceil(n / batch_size)
             first_x, first_y = x[:1], y[:1]
         else:
@@ -408,20 +498,21 @@ class SVITrainer:
         start_time = time.perf_counter() - (self.history.seconds[-1] if self.history.seconds else 0.0)
         try:
             while self.epoch < epochs:
-                sums = [0.0, 0.0, 0.0, 0.0]
-                count = 0
+                sums, beta_sum, count = 0.0, 0.0, 0
                 for i, (xb, yb) in enumerate(_batches(source, batch_size, self.generator)):
                     t = self.epoch + i / steps_per_epoch
-                    loss, nll, kl, beta = self.step(xb, yb, dataset_size=n, epoch_fraction=t)
-                    for j, v in enumerate((loss, nll, kl, beta)):
-                        sums[j] += v
+                    loss, nll, kl, beta = self._step_tensors(xb, yb, n, t)
+                    sums = sums + torch.stack([loss.to(nll.dtype), nll, kl])
+                    beta_sum += beta
                     count += 1
+                self._raise_if_failed()  # the epoch's one host synchronization, with the next line
+                loss, nll, kl = (sums / count).tolist()
                 h = self.history
                 h.epoch.append(self.epoch + 1)
-                h.loss.append(sums[0] / count)
-                h.nll.append(sums[1] / count)
-                h.kl.append(sums[2] / count)
-                h.kl_weight.append(sums[3] / count)
+                h.loss.append(loss)
+                h.nll.append(nll)
+                h.kl.append(kl)
+                h.kl_weight.append(beta_sum / count)
                 h.seconds.append(time.perf_counter() - start_time)
                 if self.flat is not None:
                     h.kl_methods = dict(self.flat.kl_methods)

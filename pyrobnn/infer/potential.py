@@ -146,7 +146,7 @@ class FlatPotential:
     def initial(self, chains: int, radius: float = 2.0, generator=None):
         """Uniform draws on ``[-radius, radius]`` in unconstrained space (Stan's and Pyro's
         default initialization)."""
-        return (torch.rand(chains, self.dim, generator=generator, dtype=self.model.dtype) * 2 - 1).mul_(radius).to(self.model.device)
+        return (torch.rand(chains, self.dim, generator=generator, dtype=self.model.dtype, device=self.model.device) * 2 - 1).mul_(radius)
 
 
 def _output_shape(model, x):

@@ -121,7 +121,7 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
         n = x.shape[0]
         batch_size = min(batch_size, n)
         order = torch.Generator().manual_seed(seed)
-        perm, cursor = torch.randperm(n, generator=order), 0
+        perm, cursor = torch.randperm(n, generator=order).to(x.device), 0
         period = math.ceil(num_steps / num_cycles)
         draws, steps_kept = [], []
         start = time.perf_counter()
@@ -129,8 +129,8 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
         try:
             for k in range(num_steps):
                 if cursor + batch_size > n:
-                    perm, cursor = torch.randperm(n, generator=order), 0
-                idx = perm[cursor : cursor + batch_size].to(x.device)
+                    perm, cursor = torch.randperm(n, generator=order).to(x.device), 0
+                idx = perm[cursor : cursor + batch_size]
                 cursor += batch_size
                 if schedule == "cyclical":
                     eps = cyclical_step_size(k, num_steps, num_cycles, step_size)

@@ -108,7 +108,7 @@ class BayesianModel(nn.Module):
     # ----------------------------------------------------------------- introspection
     def init_value(self, site) -> torch.Tensor:
         """The network's own value of a random parameter (its initialization)."""
-        return site.module._parameters[site.param_name]
+        return site.value
 
     def site(self, name: str):
         return self._site_by_name[name]

@@ -55,6 +55,11 @@ class WeightSite:
     unit_shape: Union[torch.Size, None]
 
     @property
+    def value(self) -> torch.Tensor:
+        """The network's own tensor of this parameter (its initial value once it is random)."""
+        return self.module._parameters[self.param_name]
+
+    @property
     def is_bias(self) -> bool:
         return self.param_name == "bias"
 
