@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import os
@@ -15,9 +14,7 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
-from pyrobnn.estimators import ESTIMATORS, Estimator
-from pyrobnn.infer.elbo import SplitELBO, make_elbo
-from pyrobnn.infer.flat import FlatELBO
+from pyrobnn.infer.objective import SVIObjective, trainable_parameters
 from pyrobnn.io import atomic_save, safe_load
 from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int, check_same_placement
 
@@ -54,6 +51,16 @@ class KLAnnealing:
 
     def __repr__(self):
         return f"KLAnnealing(start={self.start}, end={self.end})"
+
+
+def make_kl_schedule(kl_annealing, objective):
+    """``None``, a :class:`KLAnnealing` or a ``(start, end)`` pair (or any function of the
+    fractional epoch) as the KL weight's schedule, refused for ELBOs that do not split."""
+    if isinstance(kl_annealing, tuple):
+        kl_annealing = KLAnnealing(*kl_annealing)
+    if kl_annealing is not None and not objective.splits:
+        raise ValueError("KL annealing needs pyrobnn's SplitELBO (elbo='trace' or 'meanfield')")
+    return kl_annealing
 
 
 @dataclass
@@ -145,14 +152,6 @@ def default_optimizer(params, lr):
     return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
-def _make_estimator(estimator):
-    if estimator is None or isinstance(estimator, Estimator):
-        return estimator
-    if estimator in ESTIMATORS:
-        return ESTIMATORS[estimator]()
-    raise ValueError(f"estimator must be None, {', '.join(map(repr, ESTIMATORS))} or an Estimator, got {estimator!r}")
-
-
 class SVITrainer:
     r"""Stochastic variational inference for a model and guide, on a PyTorch optimizer.
 
@@ -206,23 +205,10 @@ class SVITrainer:
             check_same_placement(model.init_value(model.sites[0]), guide)
         self.model = model
         self.guide = guide
-        self.elbo = make_elbo(elbo, guide, num_particles)
-        if isinstance(kl_annealing, tuple):
-            kl_annealing = KLAnnealing(*kl_annealing)
-        if kl_annealing is not None and not isinstance(self.elbo, SplitELBO):
-            raise ValueError("KL annealing needs pyrobnn's SplitELBO (elbo='trace' or 'meanfield')")
-        self.kl_annealing = kl_annealing
+        self.objective = SVIObjective(model, guide, elbo, num_particles, estimator, compile)
+        self.kl_annealing = make_kl_schedule(kl_annealing, self.objective)
         self.lr_schedule = lr_schedule
         self.clip_grad_norm = clip_grad_norm
-        self.estimator = _make_estimator(estimator)
-        self.flat = None
-        if (
-            isinstance(self.elbo, SplitELBO)
-            and not self.elbo.strict
-            and self.elbo.num_particles == 1
-            and FlatELBO.supports(model, guide, self.estimator)
-        ):
-            self.flat = FlatELBO(model, guide, self.elbo.kl, self.estimator, self.elbo.num_particles, compile=compile)
         if optimizer is None and not (isinstance(lr, numbers.Real) and math.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a finite positive number, got {lr!r}")
         self._optimizer_factory = optimizer
@@ -234,16 +220,21 @@ class SVITrainer:
         self.generator = torch.Generator()
         self.generator.manual_seed(int(torch.randint(0, 2**62, ()).item()))
 
+    @property
+    def elbo(self):
+        return self.objective.elbo
+
+    @property
+    def flat(self):
+        return self.objective.flat
+
+    @property
+    def estimator(self):
+        return self.objective.estimator
+
     # -------------------------------------------------------------- parameters
     def parameters(self):
-        params = [p for _, p in self.model.point_parameters()]
-        params += [p for p in self.guide.parameters()]
-        seen, unique = set(), []
-        for p in params:
-            if id(p) not in seen and p.requires_grad:
-                seen.add(id(p))
-                unique.append(p)
-        return unique
+        return trainable_parameters(self.model, self.guide)
 
     def _setup(self, x, y, dataset_size):
         if self.optimizer is not None:
@@ -259,22 +250,6 @@ class SVITrainer:
         self._base_lrs = [g["lr"] for g in self.optimizer.param_groups]
 
     # ----------------------------------------------------------------- a step
-    def _evaluate(self, x, y, dataset_size, beta):
-        """The loss (differentiable), the NLL and the KL (detached 0-d tensors; NaN where the
-        ELBO does not report its terms) on a minibatch."""
-        if self.flat is not None:
-            self.flat.kl_weight = beta
-            terms = self.flat.terms(x, y, dataset_size)
-            return terms.loss, -terms.log_likelihood, terms.kl
-        with self.estimator if self.estimator is not None else contextlib.nullcontext():
-            if isinstance(self.elbo, SplitELBO):
-                self.elbo.kl_weight = beta
-                terms = self.elbo.terms(self.model, self.guide, x, y, dataset_size=dataset_size)
-                return terms.loss, -terms.log_likelihood, terms.kl
-            loss = self.elbo.differentiable_loss(self.model, self.guide, x, y, dataset_size=dataset_size)
-            nan = torch.full((), math.nan, dtype=loss.dtype, device=loss.device)
-            return loss, nan, nan
-
     def _skips_on_device(self) -> bool:
         """Whether the optimizer can skip a step on a flag held on the device (PyTorch's fused
         Adam, AdamW and SGD take ``found_inf``, as under ``GradScaler``)."""
@@ -299,7 +274,7 @@ class SVITrainer:
                 group["lr"] = base * factor
         self.optimizer.zero_grad(set_to_none=True)
         beta = self.kl_annealing(epoch_fraction) if self.kl_annealing else 1.0
-        loss, nll, kl = self._evaluate(x, y, dataset_size, beta)
+        loss, nll, kl = self.objective(x, y, dataset_size, beta)
         loss.backward()
         value = loss.detach()
         grads = [p.grad for p in self._params if p.grad is not None]
@@ -514,10 +489,7 @@ class SVITrainer:
                 h.kl.append(kl)
                 h.kl_weight.append(beta_sum / count)
                 h.seconds.append(time.perf_counter() - start_time)
-                if self.flat is not None:
-                    h.kl_methods = dict(self.flat.kl_methods)
-                elif isinstance(self.elbo, SplitELBO):
-                    h.kl_methods = dict(self.elbo.kl_methods)
+                h.kl_methods = self.objective.kl_methods
                 self.epoch += 1
                 shown = {"nll": f"{h.nll[-1]:.4g}", "kl": f"{h.kl[-1]:.4g}"}
                 if self.kl_annealing is not None:
