@@ -72,4 +72,17 @@ __all__ = [
     "per_example_weights",
     "save",
     "load",
+    "SVIModule",
+    "EndProcessGroup",
 ]
+
+# Lightning takes seconds to import: its classes load on first use
+_LAZY = {"SVIModule": "pyrobnn.infer.lightning_svi", "EndProcessGroup": "pyrobnn.infer.lightning_svi"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'pyrobnn' has no attribute {name!r}")

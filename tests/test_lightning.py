@@ -1,0 +1,111 @@
+"""SVI under PyTorch Lightning: one process against our own loop, two processes (DDP over
+gloo) against one process seeing the union of their batches."""
+
+import functools
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import pyrobnn
+from pyrobnn.infer import SVITrainer
+from pyrobnn.infer.lightning_svi import EndProcessGroup, SVIModule
+from test_training import regression_data
+
+N, PER_RANK_BATCH, EPOCHS = 64, 8, 2
+
+
+def near_deterministic_bnn():
+    """Mean-field VI whose posterior scales are ~1e-40 with the registered KL: the weight noise
+    is below float64 rounding, so two runs that see the same data compute the same updates."""
+    torch.manual_seed(0)
+    net = pyrobnn.MLP(1, 1, hidden=(16,), activation="tanh").double()
+    model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale="learned"), pyrobnn.NormalPrior(1.0))
+    return model, pyrobnn.MeanFieldNormal(model, init_scale=1e-40)
+
+
+def data():
+    x, y = regression_data(N)
+    return x.double(), y.double()
+
+
+# SGD, not Adam: Adam's step does not depend on the gradient's overall scale, so it would
+# hide a likelihood or a KL counted the wrong number of times
+SGD = functools.partial(torch.optim.SGD, lr=2e-4)
+
+
+def lightning_trainer(tmp_path, **kwargs):
+    return L.Trainer(
+        accelerator="cpu", max_epochs=EPOCHS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path, **kwargs,
+    )
+
+
+def union_reference():
+    """One process, our own loop, each step on the union of what the two ranks see."""
+    model, guide = near_deterministic_bnn()
+    x, y = data()
+    trainer = SVITrainer(model, guide, elbo="meanfield", optimizer=SGD)
+    # the ranks' batches as Lightning deals them: a shuffled DistributedSampler, seed 0, reseeded per epoch
+    samplers = [DistributedSampler(range(N), num_replicas=2, rank=r, shuffle=True, seed=0) for r in range(2)]
+    losses = []
+    for e in range(EPOCHS):
+        for sampler in samplers:
+            sampler.set_epoch(e)
+        rank_indices = [list(sampler) for sampler in samplers]
+        epoch = []
+        for k in range(0, N // 2, PER_RANK_BATCH):
+            idx = torch.tensor(rank_indices[0][k : k + PER_RANK_BATCH] + rank_indices[1][k : k + PER_RANK_BATCH])
+            epoch.append(trainer.step(x[idx], y[idx], dataset_size=N)[0])
+        losses.append(sum(epoch) / len(epoch))
+    return guide, model, losses
+
+
+def test_two_ddp_processes_equal_one_process_on_the_union_of_their_batches(tmp_path):
+    guide_ref, model_ref, ref_losses = union_reference()
+    model, guide = near_deterministic_bnn()
+    module = SVIModule(model, guide, elbo="meanfield", optimizer=SGD)
+    x, y = data()
+    trainer = lightning_trainer(tmp_path, devices=2, strategy="ddp_spawn", callbacks=[EndProcessGroup()])
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=PER_RANK_BATCH))
+    for a, b in zip(guide.parameters(), guide_ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for (_, a), (_, b) in zip(model.point_parameters(), model_ref.point_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # the logged loss of the last epoch, averaged over both ranks, is the union's: same scale
+    assert float(trainer.callback_metrics["loss"]) == pytest.approx(ref_losses[-1], rel=1e-9)
+    assert all(p.requires_grad for p in model.net.parameters())  # the random weights were given back their flag
+
+
+def test_one_lightning_process_equals_our_fit_loop(tmp_path):
+    x, y = data()
+    model_ref, guide_ref = near_deterministic_bnn()
+    trainer = SVITrainer(model_ref, guide_ref, elbo="meanfield", optimizer=SGD)
+    for _ in range(EPOCHS):
+        for k in range(0, N, 16):
+            trainer.step(x[k : k + 16], y[k : k + 16], dataset_size=N)
+    model, guide = near_deterministic_bnn()
+    lightning_trainer(tmp_path, devices=1).fit(SVIModule(model, guide, elbo="meanfield", optimizer=SGD), DataLoader(TensorDataset(x, y), batch_size=16))
+    for a, b in zip(guide.parameters(), guide_ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_a_lightning_checkpoint_restores_model_and_guide(tmp_path):
+    x, y = regression_data(N)
+    model, guide = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(8,)), pyrobnn.GaussianLikelihood(scale="learned")), None
+    guide = pyrobnn.MeanFieldNormal(model)
+    trainer = lightning_trainer(tmp_path, devices=1)
+    trainer.fit(SVIModule(model, guide, lr=1e-2), DataLoader(TensorDataset(x, y), batch_size=16))
+    path = tmp_path / "svi.ckpt"
+    trainer.save_checkpoint(path)
+    fresh_model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(8,)), pyrobnn.GaussianLikelihood(scale="learned"))
+    fresh = SVIModule(fresh_model, pyrobnn.MeanFieldNormal(fresh_model))
+    fresh.load_state_dict(torch.load(path, weights_only=True)["state_dict"])
+    assert all(torch.equal(a, b) for a, b in zip(guide.parameters(), fresh.guide.parameters()))
+
+
+def test_dataset_size_is_checked():
+    model, guide = near_deterministic_bnn()
+    with pytest.raises(ValueError, match="dataset_size must be a positive integer"):
+        SVIModule(model, guide, dataset_size=0)
