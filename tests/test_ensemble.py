@@ -177,3 +177,41 @@ def test_exp_link_heteroscedastic_likelihood_clips_the_scale():
         pyrobnn.HeteroscedasticGaussianLikelihood(link="relu")
     with pytest.raises(ValueError, match="min_scale"):
         pyrobnn.HeteroscedasticGaussianLikelihood(min_scale=-1)
+
+
+def test_members_trained_in_two_processes_follow_their_one_process_paths():
+    """Four members with early stopping at different epochs, trained in two processes of two:
+    the same members, statistics and loss history as in one process."""
+    model, x, y = small_problem()
+    kwargs = dict(num_members=4, validation=0.25, lr=5e-2, batch_size=16, max_epochs=60, patience=3, progress=False)
+    one = deep_ensemble(model, x, y, **kwargs)
+    two = deep_ensemble(model, x, y, num_processes=2, **kwargs)
+    assert len(set(one.stats["epochs"].tolist())) > 1
+    for name in one.samples:
+        torch.testing.assert_close(two.samples[name], one.samples[name], rtol=1e-9, atol=1e-11)
+    for key in one.stats:
+        torch.testing.assert_close(two.stats[key], one.stats[key], rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(two.history, one.history, rtol=1e-9, atol=1e-11)
+
+
+def test_chains_in_two_processes_are_the_groups_run_alone():
+    """NUTS and MCLMC with num_processes=2: the starting positions are the one-process ones and
+    group i is exactly the sampler run on its chains with the seed seed + i."""
+    from pyrobnn.infer.hmc import initial_positions, mclmc, nuts
+
+    _, x, y = small_problem()
+    torch.manual_seed(0)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(8,), activation="tanh").double(), pyrobnn.GaussianLikelihood(scale=0.3))
+    potential = FlatPotential(model, x, y)
+    z0 = initial_positions(potential, None, 3, 2.0, torch.Generator().manual_seed(7))
+    for sampler, options in ((nuts, dict(num_samples=6, num_warmup=6, max_tree_depth=4)), (mclmc, dict(num_samples=20, num_warmup=(20, 5, 5), thinning=2))):
+        split = sampler(model, x, y, num_chains=3, seed=7, num_processes=2, compile=False, progress=False, **options)
+        assert split.method == f"pyrobnn {sampler.__name__.upper()}"
+        groups = [(z0[:2], 7), (z0[2:], 8)]
+        alone = [sampler(model, x, y, init=g, seed=s, compile=False, progress=False, **options) for g, s in groups]
+        for name, v in split.samples.items():
+            torch.testing.assert_close(v, torch.cat([a.samples[name] for a in alone]), rtol=0, atol=0)
+        for key, v in split.stats.items():
+            torch.testing.assert_close(v, torch.cat([a.stats[key] for a in alone]), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="num_processes must be a positive integer"):
+        nuts(model, x, y, num_processes=0)

@@ -35,6 +35,8 @@ from tqdm.auto import tqdm
 from pyrobnn.infer.fit import validate_training_data
 from pyrobnn.infer.hmc import MCMCResult, check_samplable, mclmc, nuts
 from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
+from pyrobnn.validation import check_positive_int
 
 __all__ = ["EnsembleResult", "deep_ensemble", "train_members", "ensemble_sampling", "member_initializations"]
 
@@ -192,6 +194,7 @@ def deep_ensemble(
     patience: int = 10,
     seed: int = 0,
     progress: bool = True,
+    num_processes: int = 1,
 ) -> EnsembleResult:
     """A deep ensemble of ``num_members`` members of ``model`` trained on ``(x, y)``.
 
@@ -204,6 +207,9 @@ def deep_ensemble(
         ``objective="likelihood"``).
     :param seed: member ``k`` is initialized under the seed ``seed + k``; the data order
         follows ``seed``.
+    :param num_processes: train the members in this many groups, one process each
+        (:mod:`pyrobnn.infer.processes`); every member follows the path it follows in one
+        process (the same initialization and data order), up to floating-point rounding.
     :returns: an :class:`EnsembleResult`: the members as ``(K, 1, *shape)`` draws.
 
     Example::
@@ -214,6 +220,7 @@ def deep_ensemble(
     check_samplable(model)
     if not isinstance(num_members, int) or num_members < 1:
         raise ValueError(f"num_members must be a positive integer, got {num_members!r}")
+    check_positive_int("num_processes", num_processes)
     if not 0.0 <= float(validation) < 1.0:
         raise ValueError(f"validation must be a fraction in [0, 1), got {validation}")
     if (x_val is None) != (y_val is None):
@@ -240,10 +247,19 @@ def deep_ensemble(
         y_checked = potential.y
         z0 = member_initializations(model, potential, num_members, seed)
         start = time.perf_counter()
-        z, stats, history = train_members(
-            potential, z0, x, y_checked, x_val, y_val, objective=objective, lr=lr, weight_decay=weight_decay,
-            batch_size=batch_size, max_epochs=max_epochs, patience=patience, seed=seed, progress=progress,
+        options = dict(
+            objective=objective, lr=lr, weight_decay=weight_decay, batch_size=batch_size, max_epochs=max_epochs,
+            patience=patience, seed=seed,
         )
+        if num_processes == 1:
+            z, stats, history = train_members(potential, z0, x, y_checked, x_val, y_val, progress=progress, **options)
+        else:
+            groups = split_rows(z0, num_processes)
+            calls = [((potential, g, x, y_checked, x_val, y_val), dict(options, progress=False)) for g in groups]
+            results = run_in_processes(train_members, calls, progress=progress, desc=f"deep ensemble, {len(groups)} processes")
+            z = torch.cat([r[0] for r in results], 0)
+            stats = concat_rows([r[1] for r in results])
+            history = _join_histories([r[2] for r in results], [r[1]["val_nll" if x_val is not None else "train_loss"] for r in results])
         seconds = time.perf_counter() - start
         values = potential.unpack(z.detach())
     finally:
@@ -251,6 +267,15 @@ def deep_ensemble(
     samples = {k: v.unsqueeze(1) for k, v in values.items()}
     label = "deep ensemble (MAP)" if objective == "map" else "deep ensemble (likelihood)"
     return EnsembleResult(samples, stats, seconds, label, history=history)
+
+
+def _join_histories(histories: list, final: list) -> torch.Tensor:
+    """Groups' ``(epochs_i, K_i)`` loss histories side by side. A group that stopped early is
+    extended with ``final`` (its members' best validation loss): in one process the stopped
+    members sit at their best state, whose loss that is, until every member has stopped."""
+    epochs = max(h.shape[0] for h in histories)
+    padded = [torch.cat([h, f.to(h.dtype).unsqueeze(0).expand(epochs - h.shape[0], -1)], 0) for h, f in zip(histories, final)]
+    return torch.cat(padded, 1)
 
 
 def ensemble_sampling(

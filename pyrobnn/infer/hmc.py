@@ -15,6 +15,8 @@ from pyrobnn.infer.fit import validate_training_data
 from pyrobnn.infer.mclmc import sample_mclmc
 from pyrobnn.infer.nuts import sample_nuts
 from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
+from pyrobnn.validation import check_positive_int
 
 __all__ = ["MCMCResult", "nuts", "mclmc", "pyro_nuts", "initial_positions", "check_samplable"]
 
@@ -72,6 +74,7 @@ def nuts(
     compile: bool = True,
     progress: bool = True,
     init=None,
+    num_processes: int = 1,
 ) -> MCMCResult:
     """NUTS for ``model`` conditioned on ``(x, y)``, all chains in one batched computation.
 
@@ -98,12 +101,21 @@ def nuts(
         compiled code, the potential's gradient and the tree bookkeeping) with ``torch.compile``
         (default): seconds of compilation, then many times less time per step on small
         networks. Falls back to eager code with a warning if compilation fails.
+    :param num_processes: split the chains into this many groups, each run in its own process
+        (:mod:`pyrobnn.infer.processes`): a group no longer waits for another group's longest
+        trajectory, and each uses its own core. Group ``i`` draws from the seed ``seed + i``
+        (the starting positions are drawn here from ``seed``, so they do not change), and each
+        process compiles its own code.
     """
     for name, value, least in (("num_samples", num_samples, 1), ("num_warmup", num_warmup, 0), ("max_tree_depth", max_tree_depth, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     if not (isinstance(target_accept, (int, float)) and 0 < target_accept < 1):
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
+
+    if num_processes != 1:
+        options = dict(num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth, target_accept=target_accept, compile=compile)
+        return _run_in_processes(nuts, "NUTS", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress)
 
     def run(potential_fn, z0, generator, compiled):
         return sample_nuts(
@@ -153,6 +165,27 @@ def _run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, co
     finally:
         model.train(was_training)
     samples = {k: v.reshape((chains, kept) + v.shape[1:]) for k, v in values.items()}
+    return MCMCResult(samples, stats, seconds, f"pyrobnn {name}" + (" (ensemble-initialized)" if init is not None else ""))
+
+
+def _run_in_processes(sampler, name, model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress):
+    """``sampler`` (:func:`nuts` or :func:`mclmc`) with its chains split over ``num_processes``
+    processes: the starting positions are drawn here (from ``seed``, as in one process), group
+    ``i`` samples from the seed ``seed + i``, and the groups' draws and per-chain statistics are
+    joined in chain order."""
+    check_positive_int("num_processes", num_processes)
+    check_samplable(model)
+    x, y = validate_training_data(model, x, y)
+    potential = FlatPotential(model, x.to(model.device), y.to(model.device))
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+    groups = split_rows(z0, num_processes)
+    calls = [((model, x, y), dict(options, init=g, seed=seed + i, progress=False)) for i, g in enumerate(groups)]
+    start = time.perf_counter()
+    results = run_in_processes(sampler, calls, progress=progress, desc=f"{name}, {len(groups)} processes")
+    seconds = time.perf_counter() - start
+    samples = concat_rows([r.samples for r in results])
+    stats = concat_rows([r.stats for r in results])
     return MCMCResult(samples, stats, seconds, f"pyrobnn {name}" + (" (ensemble-initialized)" if init is not None else ""))
 
 
@@ -206,6 +239,7 @@ def mclmc(
     init=None,
     compile: bool = True,
     progress: bool = True,
+    num_processes: int = 1,
 ) -> MCMCResult:
     """Unadjusted MCLMC (:mod:`pyrobnn.infer.mclmc`) for ``model`` conditioned on ``(x, y)``, all
     chains in one batched computation, each chain tuned on its own.
@@ -220,12 +254,21 @@ def mclmc(
     :param num_warmup: the steps of the three tuning phases, or one number split 80/10/10.
     :param compile: compile each step (two gradient evaluations and the updates) with
         ``torch.compile``; falls back to eager code with a warning if compilation fails.
+    :param num_processes: run the chains in this many groups, one process each, as in
+        :func:`nuts`.
     :returns: an :class:`MCMCResult` with ``num_samples // thinning`` draws per chain; its stats
         hold the potential at each draw (``energy``), the energy errors, the tuned ``step_size``,
         ``L`` and ``inv_mass``, and the steps undone for a non-finite result (``nonfinite``).
     """
     if isinstance(num_warmup, int):
         num_warmup = (round(0.8 * num_warmup), round(0.1 * num_warmup), num_warmup - round(0.8 * num_warmup) - round(0.1 * num_warmup))
+
+    if num_processes != 1:
+        options = dict(
+            num_samples=num_samples, num_warmup=num_warmup, thinning=thinning, step_size=step_size, L=L,
+            energy_variance=energy_variance, diagonal_preconditioning=diagonal_preconditioning, compile=compile,
+        )
+        return _run_in_processes(mclmc, "MCLMC", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress)
 
     def run(potential_fn, z0, generator, compiled):
         L0 = max(math.sqrt(z0.shape[1]), 15.0) if L is None else L
