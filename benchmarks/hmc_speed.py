@@ -10,7 +10,8 @@ chain, maximum tree depth 10, target acceptance 0.8 in all three. Each sampler r
 settings here: Pyro with ``jit_compile=True`` (one chain; chains are separate processes in
 Pyro), NumPyro with one chain per CPU core (``chain_method="parallel"``; its
 ``"vectorized"`` chains measured 20% fewer ESS/s here), pyrobnn with many chains in one batched,
-compiled computation (64 by default; ``--chains 16,64`` runs both and compares the better one).
+compiled computation (64 by default; ``--chains 16,64`` runs both and compares the better one),
+optionally split over processes (``--processes 1,2``: ``num_processes``, one thread each).
 
 Figure of merit: the minimum bulk ESS (ArviZ) over the network's predictions at 20 points of
 a grid, divided by the wall time of the whole run (warm-up and compilation included, since a
@@ -64,13 +65,13 @@ def torch_predictions(m, result):
     return out.reshape(result.num_chains, result.num_draws, -1).double().numpy()
 
 
-def run_pyrobnn(warmup, samples, chains):
+def run_pyrobnn(warmup, samples, chains, processes=1):
     x, y = data()
     m = model()
     start = time.perf_counter()
-    result = nuts(m, x, y, num_samples=samples, num_warmup=warmup, num_chains=chains, seed=0, progress=False)
+    result = nuts(m, x, y, num_samples=samples, num_warmup=warmup, num_chains=chains, seed=0, progress=False, num_processes=processes)
     total = time.perf_counter() - start
-    return {"wall_s": total, "sampling_s": result.seconds, "min_ess": min_ess(torch_predictions(m, result)), "chains": chains,
+    return {"wall_s": total, "sampling_s": result.seconds, "min_ess": min_ess(torch_predictions(m, result)), "chains": chains, "processes": processes,
             "mean_tree_depth": result.stats["tree_depth"].double().mean().item(), "divergences": result.num_divergences}
 
 
@@ -135,10 +136,16 @@ def main(argv=None):
     parser.add_argument("--chains", default="64", help="pyrobnn's batched chains; a comma-separated list runs each (the best is compared)")
     parser.add_argument("--numpyro-runs", type=int, default=8, help="NumPyro runs (seeds) pooled; each runs one chain per core")
     parser.add_argument("--skip-pyro", action="store_true", help="leave out Pyro's NUTS (the slow one)")
+    parser.add_argument("--processes", default="1", help="pyrobnn's chains split over this many processes (num_processes); a comma-separated list runs each")
     args = parser.parse_args(argv)
     warmup, samples = (50, 50) if args.quick else (300, 300)
     counts = [int(c) for c in args.chains.split(",")]
-    rows = {f"pyrobnn-{c}" if len(counts) > 1 else "pyrobnn": run_pyrobnn(warmup, samples, c) for c in counts}
+    processes = [int(p) for p in args.processes.split(",")]
+    rows = {}
+    for c in counts:
+        for p in processes:
+            name = "pyrobnn" + (f"-{c}" if len(counts) > 1 else "") + (f"-{p}p" if len(processes) > 1 else "")
+            rows[name] = run_pyrobnn(warmup, samples, c, p)
     numpyro_row = run_numpyro(warmup, samples, chains=os.cpu_count() or 1, runs=2 if args.quick else args.numpyro_runs)
     if numpyro_row is not None:
         rows["numpyro"] = numpyro_row
@@ -154,6 +161,7 @@ def main(argv=None):
     summary = {f"{k}_ess_per_s": round(v["ess_per_s"], 3) for k, v in rows.items()}
     ours = max((v for k, v in rows.items() if k.startswith("pyrobnn")), key=lambda v: v["ess_per_s"])
     summary["pyrobnn_best_chains"] = ours["chains"]
+    summary["pyrobnn_best_processes"] = ours["processes"]
     if "numpyro" in rows:
         summary["ess_per_s_vs_numpyro"] = round(ours["ess_per_s"] / rows["numpyro"]["ess_per_s"], 3)
     if "pyro" in rows:
@@ -162,5 +170,5 @@ def main(argv=None):
     return summary
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # required: num_processes spawns processes that re-import this file
     main()
