@@ -149,8 +149,12 @@ class SplitELBO(pyro.infer.ELBO):
         return vectorized
 
     def _guess_plate_nesting(self, model, guide, args, kwargs):
-        # as pyro.infer.ELBO._guess_max_plate_nesting, without its log line on every new ELBO
-        with poutine.block():
+        # as pyro.infer.ELBO._guess_max_plate_nesting, without its log line on every new ELBO,
+        # and without drawing from the caller's random stream: a trainer resumed from a
+        # checkpoint guesses again, and would otherwise draw other weights than the
+        # uninterrupted run from then on
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        with poutine.block(), torch.random.fork_rng(devices=devices):
             guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
             model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
         dims = [
