@@ -74,6 +74,13 @@ class Likelihood(nn.Module):
     def check_target_values(self, y, output_dim: int):
         """Full-data checks on the target values (label ranges); shapes are checked per call."""
 
+    def flag_target_values(self, y, output_dim: int):
+        """The device-side form of :meth:`check_target_values`, with no host synchronization:
+        ``(y_safe, bad)``, ``bad`` a 0-d boolean tensor (or ``None``) saying that some value is
+        refused, and ``y_safe`` targets that the likelihood can score without an indexing error
+        (the training step that sees ``bad`` is not applied)."""
+        return y, None
+
     def summarize(self, outputs, latents):
         """Predictive summary from ``outputs`` of shape ``(S, N, ...)`` and latent samples."""
         raise NotImplementedError
@@ -259,6 +266,9 @@ class CategoricalLikelihood(Likelihood):
     def check_target_values(self, y, output_dim):
         check_label_range(y, output_dim, f" for a network with {output_dim} outputs")
 
+    def flag_target_values(self, y, output_dim):
+        return y.clamp(0, output_dim - 1), ((y < 0) | (y >= output_dim)).any()
+
     def summarize(self, outputs, latents):
         return ClassificationPrediction(torch.softmax(outputs, -1))
 
@@ -285,6 +295,9 @@ class BernoulliLikelihood(Likelihood):
     def check_target_values(self, y, output_dim):
         if y.numel() and not torch.all((y == 0) | (y == 1)):
             raise ValueError("Bernoulli targets must be 0 or 1")
+
+    def flag_target_values(self, y, output_dim):
+        return y, ~((y == 0) | (y == 1)).all()
 
     def summarize(self, outputs, latents):
         p = torch.sigmoid(outputs)

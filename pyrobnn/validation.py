@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 
 import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["as_tensor", "check_positive_int", "check_finite", "check_label_dtype", "check_label_range", "check_inputs", "check_forward", "expected_input"]
+__all__ = [
+    "as_tensor",
+    "check_positive_int",
+    "check_finite",
+    "FiniteOnce",
+    "check_label_dtype",
+    "check_label_range",
+    "check_inputs",
+    "check_forward",
+    "expected_input",
+    "check_same_placement",
+]
 
 
 def as_tensor(value, name: str) -> torch.Tensor:
@@ -60,6 +72,34 @@ def check_finite(t: torch.Tensor, name: str) -> None:
             f"{name} contains {' and '.join(kinds)} values ({bad.shape[0]} entries, the first "
             f"at index {tuple(bad[0].tolist())})"
         )
+
+
+class FiniteOnce:
+    """:func:`check_finite` once per tensor *object* (and in-place version) seen: the same
+    ``x`` passed on every step of full-batch training or to every prediction chunk is read
+    once, a new minibatch each time it is new. Remembers the last ``size`` tensors (weakly).
+    Skipped while ``torch.jit.trace`` or ``torch.compile`` runs the caller (a check there would
+    be baked in as a constant or break the graph)."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._seen = {}
+
+    def __call__(self, t: torch.Tensor, name: str) -> None:
+        if not t.is_floating_point() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return
+        # a tensor's _version counts its in-place changes: a reused tensor whose values were
+        # overwritten is checked again
+        entry = self._seen.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1] == t._version:
+            return
+        check_finite(t, name)
+        if len(self._seen) >= self.size:
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[id(t)] = (weakref.ref(t), t._version)
+
+    def __getstate__(self):
+        return {"size": self.size, "_seen": {}}  # weak references do not pickle (nor matter elsewhere)
 
 
 def expected_input(net: nn.Module):
@@ -120,10 +160,10 @@ def check_inputs(expected, x: torch.Tensor, dtype: torch.dtype, name: str = "x")
     if expected is None:
         return
     if expected[0] == "features":
-        if x.dim() < 2 or x.shape[-1] != expected[1]:
+        if x.dim() != 2 or x.shape[-1] != expected[1]:
             raise ValueError(
                 f"{name} has shape {tuple(x.shape)} but the network's first layer expects "
-                f"{expected[1]} features in the last dimension: pass shape (N, {expected[1]})"
+                f"{expected[1]} features per example: pass shape (N, {expected[1]})"
             )
     elif expected[0] == "flattened":
         n = math.prod(x.shape[1:])

@@ -262,14 +262,15 @@ def test_fit_skips_every_update_from_the_first_failed_step_and_says_so():
 
         def forward(self, h):
             self.calls += 1
-            return h * float("nan") if self.calls > 6 else h
+            return h * float("nan") if self.calls > 7 else h
 
     net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1), Breaks())
     model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.1))
     guide = pyrobnn.MeanFieldNormal(model)
     x, y = regression_data()
     trainer = SVITrainer(model, guide, lr=0.05)
-    # fit's check of the data runs the network once; then step k is call k + 2
+    # fit's check of the data and the trainer's set-up run the network once each; then step k
+    # is call k + 3
     with pytest.raises(NonFiniteLossError, match="the loss is nan at step 5 .*before step 5") as info:
         trainer.fit(x, y, epochs=3, batch_size=16, progress=False, seed=0)
     assert (info.value.step, info.value.epoch) == (5, 1)
@@ -319,3 +320,52 @@ def test_fit_synchronizes_with_the_host_once_per_epoch_not_per_step(monkeypatch)
 
     for estimator in (None, "local"):
         assert reads(64, estimator) == reads(4, estimator)  # 1 and 16 steps per epoch
+
+
+def test_step_checks_every_batch_as_fit_checks_its_data():
+    """SVITrainer.step (public) names what is wrong with a batch instead of failing inside torch."""
+    import numpy as np
+
+    from pyrobnn.infer import InvalidBatchError
+
+    x, y = regression_data()
+    model = mlp_model()
+    trainer = SVITrainer(model, pyrobnn.MeanFieldNormal(model), lr=0.01)
+    before = [p.detach().clone() for p in trainer.guide.parameters()]
+    for bad_x, bad_y, error, match in (
+        (torch.randn(8, 3), y[:8], ValueError, "expects 1 features"),
+        (torch.randn(0, 1), y[:0], ValueError, "x is empty"),
+        (torch.randn(8, 5, 1), y[:8], ValueError, r"x has shape \(8, 5, 1\)"),
+        (x[:8], y[:5], ValueError, "x has 8 examples but y has shape"),
+        (x[:8].clone().fill_(float("nan")), y[:8], InvalidBatchError, "holds NaN or infinite values"),
+        (x[:8], y[:8].clone().fill_(float("inf")), InvalidBatchError, "holds NaN or infinite values"),
+    ):
+        with pytest.raises(error, match=match):
+            trainer.step(bad_x, bad_y)
+    assert all(torch.equal(a, p) for a, p in zip(before, trainer.guide.parameters()))
+    loss, *_ = trainer.step(np.asarray(x[:8]), np.asarray(y[:8]))  # numpy is converted, as by fit
+    assert math.isfinite(loss)
+    # labels out of range: found on the device, nothing applied, the step named
+    xc, yc = two_moons(64, seed=0)
+    classifier = pyrobnn.BayesianModel(pyrobnn.MLP(2, 2, hidden=(8,)), pyrobnn.CategoricalLikelihood())
+    trainer = SVITrainer(classifier, pyrobnn.MeanFieldNormal(classifier), lr=0.01)
+    trainer.step(xc[:16], yc[:16])
+    before = [p.detach().clone() for p in trainer.guide.parameters()]
+    with pytest.raises(InvalidBatchError, match="step 1 .*labels outside"):
+        trainer.step(xc[:16], yc[:16] + 3)
+    assert all(torch.equal(a, p) for a, p in zip(before, trainer.guide.parameters()))
+
+
+def test_every_batch_of_a_dataloader_is_checked_not_only_the_first():
+    from pyrobnn.infer import InvalidBatchError
+
+    x, y = regression_data()
+    x = x.clone()
+    x[40, 0] = float("nan")  # in the third batch of 16
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=False)
+    model = mlp_model()
+    trainer = SVITrainer(model, pyrobnn.MeanFieldNormal(model), lr=0.01)
+    with pytest.raises(InvalidBatchError, match="the batch of step 2 \\(epoch 0\\)") as info:
+        trainer.fit(loader=loader, epochs=2, progress=False)
+    assert info.value.step == 2
+    assert all(int(trainer.optimizer.state[p]["step"]) == 2 for p in trainer.parameters())

@@ -160,3 +160,36 @@ def test_fit_refuses_fractional_epochs_and_zero_particles_or_checkpoint_interval
     with pytest.raises(ValueError, match="checkpoint_every must be a positive integer, got 0"):
         pyrobnn.fit(model, guide, x, y, epochs=1, checkpoint_every=0, progress=False)
     assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())
+
+
+def test_the_model_refuses_non_finite_data_under_pyros_own_svi_and_predictive(monkeypatch):
+    import pyro
+
+    import pyrobnn.validation as validation
+
+    torch.manual_seed(0)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale=0.1))
+    guide = pyrobnn.MeanFieldNormal(model)
+    x, y = torch.randn(8, 1), torch.randn(8, 1)
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), pyro.infer.Trace_ELBO())
+    for bad_x, bad_y, match in (
+        (x.clone().index_fill_(0, torch.tensor([3]), float("nan")), y, "x contains NaN"),
+        (x.clone().index_fill_(0, torch.tensor([3]), float("inf")), y, "x contains infinite"),
+        (x, y.clone().index_fill_(0, torch.tensor([5]), float("nan")), "y contains NaN"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            svi.step(bad_x, bad_y)
+    with pytest.raises(ValueError, match="x contains NaN"):
+        pyro.infer.Predictive(model, guide=guide, num_samples=3)(x.clone().index_fill_(0, torch.tensor([0]), float("nan")))
+    # one check per tensor object: the same x is read once over many steps ...
+    calls = []
+    original = validation.check_finite
+    monkeypatch.setattr(validation, "check_finite", lambda t, name: (calls.append(name), original(t, name)))
+    x, y = x.clone(), y.clone()
+    for _ in range(5):
+        svi.step(x, y)
+    assert calls == ["x", "y"]
+    # ... and again once it was changed in place
+    x[2, 0] = float("nan")
+    with pytest.raises(ValueError, match="x contains NaN"):
+        svi.step(x, y)

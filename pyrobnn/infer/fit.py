@@ -18,13 +18,24 @@ from pyrobnn.infer.objective import SVIObjective, trainable_parameters
 from pyrobnn.io import atomic_save, safe_load
 from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int, check_same_placement
 
-__all__ = ["fit", "SVITrainer", "History", "KLAnnealing", "NonFiniteLossError", "validate_training_data"]
+__all__ = ["fit", "SVITrainer", "History", "KLAnnealing", "NonFiniteLossError", "InvalidBatchError", "validate_training_data"]
 
 
 class NonFiniteLossError(FloatingPointError):
     """The loss or its gradient was NaN or infinite. No update from the failed step on was
     applied; :attr:`step` and :attr:`epoch` say where, and the message says whether the
     parameters themselves are finite."""
+
+    def __init__(self, message, step: int, epoch: int):
+        super().__init__(message)
+        self.step = step
+        self.epoch = epoch
+
+
+class InvalidBatchError(ValueError):
+    """A training batch held NaN or infinite values or targets the likelihood refuses, found on
+    the device without stopping the step; no update from that step on was applied.
+    :attr:`step` and :attr:`epoch` say where."""
 
     def __init__(self, message, step: int, epoch: int):
         super().__init__(message)
@@ -214,6 +225,7 @@ class SVITrainer:
         self._optimizer_factory = optimizer
         self.lr = lr
         self.optimizer = None
+        self._num_outputs = None
         self._failure = None
         self.history = History()
         self.epoch = 0
@@ -242,6 +254,9 @@ class SVITrainer:
         # Pyro's autoguides create their parameters on the first call
         with pyro.poutine.block(), torch.no_grad():
             self.guide(x, y, dataset_size=dataset_size)
+        self._num_outputs = None
+        if hasattr(self.model, "net") and hasattr(self.model, "likelihood"):
+            self._num_outputs = check_forward(self.model.net, x)[-1]
         params = self._params = self.parameters()
         if self._optimizer_factory is None:
             self.optimizer = default_optimizer(params, self.lr)
@@ -261,13 +276,13 @@ class SVITrainer:
         """One step with no host synchronization (for a fused optimizer): ``(loss, nll, kl)``
         as detached 0-d tensors on the model's device, and ``beta``.
 
-        A non-finite loss or gradient is recorded on the device (:attr:`_failure`) and the
+        A batch with bad values, or a non-finite loss or gradient, is recorded on the device
+        (:attr:`_failure`) and the
         update is skipped, as is every later one until :meth:`_raise_if_failed` reports it, so
         the parameters stay those from before the first failed step."""
-        device = self.model.device
-        x = x.to(device, non_blocking=True)
-        y = y.to(device, non_blocking=True)
+        x, y = self._check_batch(x, y)
         self._setup(x, y, dataset_size)
+        y, bad_data = self._flag_batch(x, y)
         if self.lr_schedule is not None:
             factor = self.lr_schedule(epoch_fraction)
             for group, base in zip(self.optimizer.param_groups, self._base_lrs):
@@ -279,12 +294,12 @@ class SVITrainer:
         value = loss.detach()
         grads = [p.grad for p in self._params if p.grad is not None]
         bad_loss = ~torch.isfinite(value)
-        bad = bad_loss
+        bad_grad = torch.zeros_like(bad_loss)
         if grads:
-            bad = bad | ~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
+            bad_grad = ~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
             if self.clip_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(grads, self.clip_grad_norm, foreach=True)
-        self._record_failure(bad, bad_loss, value)
+        self._record_failure(bad_data, bad_loss, bad_grad, value)
         if self._skips_on_device():
             self.optimizer.found_inf = self._failure["failed"].to(torch.float32)
             try:
@@ -297,7 +312,41 @@ class SVITrainer:
         self.history.steps += 1
         return value, nll.detach(), kl.detach(), beta
 
-    def _record_failure(self, bad, bad_loss, value):
+    def _check_batch(self, x, y):
+        """The checks of every batch that read no values (types, dtypes, shapes: no host
+        synchronization); returns the batch on the model's device, floating targets in the
+        model's dtype. Values are checked on the device by :meth:`_flag_batch`."""
+        x = as_tensor(x, "x")
+        if y is None:
+            raise ValueError("y is required for training")
+        y = as_tensor(y, "y")
+        if hasattr(self.model, "check_x"):
+            self.model.check_x(x)
+        if y.dim() == 0 or y.shape[0] != x.shape[0]:
+            raise ValueError(f"x has {x.shape[0]} examples but y has shape {tuple(y.shape)}")
+        dtype = getattr(self.model, "dtype", None)
+        if y.is_floating_point() and dtype is not None and y.dtype != dtype:
+            y = y.to(dtype)
+        device = self.model.device
+        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    def _flag_batch(self, x, y):
+        """``(y, bad)``: ``bad`` a 0-d device tensor saying that ``x`` or ``y`` holds NaN or
+        infinite values or targets the likelihood refuses (labels out of range), and targets
+        safe to score (the step is not applied when ``bad``)."""
+        bad = ~torch.isfinite(x).all()
+        if y.is_floating_point():
+            bad = bad | ~torch.isfinite(y).all()
+        if self._num_outputs is not None:
+            y, bad_targets = self.model.likelihood.flag_target_values(y, self._num_outputs)
+            if bad_targets is not None:
+                bad = bad | bad_targets
+        return y, bad
+
+    # why a step failed, first cause first
+    _CAUSES = ("data", "loss", "gradient")
+
+    def _record_failure(self, bad_data, bad_loss, bad_grad, value):
         f = self._failure
         device = value.device
         if f is None or f["failed"].device != device:
@@ -305,13 +354,15 @@ class SVITrainer:
                 "failed": torch.zeros((), dtype=torch.bool, device=device),
                 "step": torch.zeros((), dtype=torch.long, device=device),
                 "epoch": torch.zeros((), dtype=torch.long, device=device),
-                "in_loss": torch.zeros((), dtype=torch.bool, device=device),
+                "cause": torch.zeros((), dtype=torch.long, device=device),
                 "value": torch.zeros((), dtype=value.dtype, device=device),
             }
+        bad = bad_data | bad_loss | bad_grad
         first = bad & ~f["failed"]
+        cause = torch.where(bad_data, 0, torch.where(bad_loss, 1, 2))
         f["step"] = torch.where(first, self.history.steps, f["step"])
         f["epoch"] = torch.where(first, self.epoch, f["epoch"])
-        f["in_loss"] = torch.where(first, bad_loss, f["in_loss"])
+        f["cause"] = torch.where(first, cause, f["cause"])
         f["value"] = torch.where(first, value.to(f["value"].dtype), f["value"])
         f["failed"] = f["failed"] | bad
 
@@ -323,7 +374,14 @@ class SVITrainer:
             return
         self._failure = None
         step, epoch = int(f["step"]), int(f["epoch"])
-        if bool(f["in_loss"]):
+        cause = self._CAUSES[int(f["cause"])]
+        if cause == "data":
+            what = (
+                f"the batch of step {step} (epoch {epoch}) holds NaN or infinite values in x or y, "
+                "or targets the likelihood refuses (class labels outside [0, outputs), Bernoulli "
+                "targets other than 0 and 1)"
+            )
+        elif cause == "loss":
             what = f"the loss is {float(f['value'])} at step {step} (epoch {epoch})"
         else:
             what = f"the gradient is not finite at step {step} (epoch {epoch}) although the loss is"
@@ -334,6 +392,8 @@ class SVITrainer:
                 f"no update from step {step} on was applied, but the parameters were already not "
                 "finite: an earlier update overflowed"
             )
+        if cause == "data":
+            raise InvalidBatchError(f"{what}; {where}.", step, epoch)
         raise NonFiniteLossError(
             f"{what}; {where}. Lower the learning rate, check the data, or clip gradients (clip_grad_norm=...).",
             step,
@@ -342,8 +402,9 @@ class SVITrainer:
 
     def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
         """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)`` as floats.
-        A non-finite loss or gradient raises :class:`NonFiniteLossError` with the parameters
-        unchanged by the step. (``fit`` runs the same step without the per-step host
+        The batch gets the checks ``fit`` gives its data (types, shapes, finite values, label
+        ranges); bad values in it, or a non-finite loss or gradient, raise
+        :class:`NonFiniteLossError` with the parameters unchanged by the step. (``fit`` runs the same step without the per-step host
         synchronization that returning floats costs, and checks once per epoch.)"""
         loss, nll, kl, beta = self._step_tensors(x, y, dataset_size, epoch_fraction)
         self._raise_if_failed()

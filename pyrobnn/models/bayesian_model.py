@@ -14,7 +14,7 @@ from pyrobnn.models.functional import call_with_weights
 from pyrobnn.models.sites import DEFAULT_EXCLUDE, select_sites
 from pyrobnn.params import call_substituted, pyro_params
 from pyrobnn.priors import NormalPrior, Prior
-from pyrobnn.validation import check_inputs, expected_input
+from pyrobnn.validation import FiniteOnce, check_inputs, expected_input
 
 __all__ = ["BayesianModel"]
 
@@ -89,6 +89,7 @@ class BayesianModel(nn.Module):
                 self.prior_params[f"{_key(site.name)}:{pname}"] = value
         self._expected_input = expected_input(net)
         self._prior_cache = {}
+        self._finite = FiniteOnce()
         random_ids = {id(self.init_value(s)) for s in self.sites}
         self._point_params = [(n, p) for n, p in self.named_parameters() if id(p) not in random_ids]
 
@@ -155,6 +156,8 @@ class BayesianModel(nn.Module):
 
     def forward(self, x, y=None, dataset_size=None):
         """Sample weights from the prior, run the network, observe ``y``; return the output.
+        NaN or infinite values in ``x`` or ``y`` are refused (a ``ValueError``), checked once
+        per tensor object (:class:`~pyrobnn.validation.FiniteOnce`).
 
         :param x: a batch of inputs.
         :param y: targets (``None`` to sample them).
@@ -162,6 +165,9 @@ class BayesianModel(nn.Module):
             the likelihood's ``dataset_size``).
         """
         self.check_x(x)
+        self._finite(x, "x")
+        if y is not None:
+            self._finite(torch.as_tensor(y), "y")
         replaced = pyro_params(self.point_parameters(), self.pyro_prefix)
         if replaced:
             return call_substituted(self, replaced, self._run, x, y, dataset_size)
