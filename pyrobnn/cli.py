@@ -90,12 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Run the command; an expected failure (a refused argument, missing data) prints one line
-    naming it and returns 2, without a traceback."""
+    """Run the command; an expected failure (a refused argument, missing or malformed data, a
+    path that cannot be written) prints one line naming it and returns 2, without a traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:
         print(f"pyrobnn {args.command}: error: {e}", file=sys.stderr)
         return 2
 

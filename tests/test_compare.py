@@ -118,3 +118,13 @@ def test_compare_refuses_bad_splits_before_writing_anything(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("pyrobnn compare: error: unknown methods ['bogus']") and "Traceback" not in err
     assert not out.exists()
+
+
+def test_cli_reports_an_unusable_output_path_in_one_line(tmp_path, capsys):
+    from pyrobnn.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert main(["demo", "--out", str(blocker / "sub"), "--epochs", "1", "--samples", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyrobnn demo: error: ") and str(blocker) in err and "Traceback" not in err

@@ -166,11 +166,14 @@ def default_optimizer(params, lr):
 class SVITrainer:
     r"""Stochastic variational inference for a model and guide, on a PyTorch optimizer.
 
-    Each step evaluates the ELBO with Pyro's traces (a :class:`~pyrobnn.infer.SplitELBO`
-    by default, which equals ``Trace_ELBO`` or ``TraceMeanField_ELBO`` and also reports its
-    two terms), back-propagates and steps the optimizer over the model's point parameters and
-    the guide's parameters. A non-finite loss or gradient raises
-    :class:`NonFiniteLossError` before the parameters change.
+    Each step evaluates the ELBO (:class:`~pyrobnn.infer.objective.SVIObjective`: a
+    :class:`~pyrobnn.infer.SplitELBO` by default, which equals ``Trace_ELBO`` or
+    ``TraceMeanField_ELBO`` and also reports its two terms), back-propagates and steps the
+    optimizer over the model's point parameters and the guide's parameters, without reading
+    anything back to the host. A batch with NaN/inf values or refused targets, or a non-finite
+    loss or gradient, is flagged on the device; that update and every later one are not
+    applied, and :meth:`step` (at once) or :meth:`fit` (at the end of the epoch) raises
+    :class:`InvalidBatchError` or :class:`NonFiniteLossError` naming the step.
 
     :param elbo: ``"trace"`` (Monte Carlo KL, as Pyro's ``Trace_ELBO``), ``"meanfield"``
         (registered KLs, as ``TraceMeanField_ELBO``), ``None`` for the guide's default
