@@ -1,6 +1,6 @@
 """SVI under Lightning against our own loop, and from one process to two (DDP over gloo).
 
-    python benchmarks/lightning_svi.py            # about ten minutes on two cores
+    python benchmarks/lightning_svi.py            # about three minutes on two cores
     python benchmarks/lightning_svi.py --quick    # seconds, for CI
 
 LeNet-300-100 with a mean-field guide and local reparameterization (the MNIST setting:
@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pyrobnn
-from pyrobnn.infer.lightning_svi import EndProcessGroup, SVIModule
+from pyrobnn.infer.lightning_modules import EndProcessGroup, SVIModule
 
 
 def lenet():

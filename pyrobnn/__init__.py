@@ -73,11 +73,12 @@ __all__ = [
     "save",
     "load",
     "SVIModule",
+    "EnsembleModule",
     "EndProcessGroup",
 ]
 
 # Lightning takes seconds to import: its classes load on first use
-_LAZY = {"SVIModule": "pyrobnn.infer.lightning_svi", "EndProcessGroup": "pyrobnn.infer.lightning_svi"}
+_LAZY = {name: "pyrobnn.infer.lightning_modules" for name in ("SVIModule", "EnsembleModule", "EndProcessGroup")}
 
 
 def __getattr__(name):

@@ -10,7 +10,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import pyrobnn
 from pyrobnn.infer import SVITrainer
-from pyrobnn.infer.lightning_svi import EndProcessGroup, SVIModule
+from pyrobnn.infer.ensemble import member_initializations
+from pyrobnn.infer.lightning_modules import EndProcessGroup, EnsembleModule, SVIModule
+from pyrobnn.infer.potential import FlatPotential
 from test_training import regression_data
 
 N, PER_RANK_BATCH, EPOCHS = 64, 8, 2
@@ -42,23 +44,29 @@ def lightning_trainer(tmp_path, **kwargs):
     )
 
 
+def union_batches():
+    """Per epoch, the union of the two ranks' batches as Lightning deals them (a shuffled
+    DistributedSampler, seed 0, reseeded per epoch)."""
+    samplers = [DistributedSampler(range(N), num_replicas=2, rank=r, shuffle=True, seed=0) for r in range(2)]
+    for e in range(EPOCHS):
+        for sampler in samplers:
+            sampler.set_epoch(e)
+        rank_indices = [list(sampler) for sampler in samplers]
+        yield [
+            torch.tensor(rank_indices[0][k : k + PER_RANK_BATCH] + rank_indices[1][k : k + PER_RANK_BATCH])
+            for k in range(0, N // 2, PER_RANK_BATCH)
+        ]
+
+
 def union_reference():
     """One process, our own loop, each step on the union of what the two ranks see."""
     model, guide = near_deterministic_bnn()
     x, y = data()
     trainer = SVITrainer(model, guide, elbo="meanfield", optimizer=SGD)
-    # the ranks' batches as Lightning deals them: a shuffled DistributedSampler, seed 0, reseeded per epoch
-    samplers = [DistributedSampler(range(N), num_replicas=2, rank=r, shuffle=True, seed=0) for r in range(2)]
     losses = []
-    for e in range(EPOCHS):
-        for sampler in samplers:
-            sampler.set_epoch(e)
-        rank_indices = [list(sampler) for sampler in samplers]
-        epoch = []
-        for k in range(0, N // 2, PER_RANK_BATCH):
-            idx = torch.tensor(rank_indices[0][k : k + PER_RANK_BATCH] + rank_indices[1][k : k + PER_RANK_BATCH])
-            epoch.append(trainer.step(x[idx], y[idx], dataset_size=N)[0])
-        losses.append(sum(epoch) / len(epoch))
+    for epoch in union_batches():
+        values = [trainer.step(x[idx], y[idx], dataset_size=N)[0] for idx in epoch]
+        losses.append(sum(values) / len(values))
     return guide, model, losses
 
 
@@ -109,3 +117,36 @@ def test_dataset_size_is_checked():
     model, guide = near_deterministic_bnn()
     with pytest.raises(ValueError, match="dataset_size must be a positive integer"):
         SVIModule(model, guide, dataset_size=0)
+
+
+def ensemble_model():
+    torch.manual_seed(0)
+    net = pyrobnn.MLP(1, 1, hidden=(16,), activation="tanh").double()
+    return pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.3), pyrobnn.NormalPrior(1.0))
+
+
+def test_ensemble_members_under_two_ddp_processes_take_the_union_batchs_steps(tmp_path):
+    """Three members, MAP objective: two gloo processes end where one process ends that takes
+    every step on the union of the ranks' batches with deep_ensemble's loss."""
+    x, y = data()
+    model = ensemble_model()
+    potential = FlatPotential(model)
+    z = torch.nn.Parameter(member_initializations(model, potential, 3, seed=4))
+    sgd = SGD([z])
+    for epoch in union_batches():
+        for idx in epoch:
+            log_prior, log_lik = potential.log_joint_terms(z, x[idx], y[idx])
+            loss = ((-(N / idx.numel()) * log_lik - log_prior) / N).sum()
+            sgd.zero_grad()
+            loss.backward()
+            sgd.step()
+    module = EnsembleModule(ensemble_model(), 3, seed=4, optimizer=SGD)
+    start = module.members.detach().clone()
+    trainer = lightning_trainer(tmp_path, devices=2, strategy="ddp_spawn", callbacks=[EndProcessGroup()])
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=PER_RANK_BATCH))
+    assert not torch.allclose(start, module.members)
+    torch.testing.assert_close(module.members.detach(), z.detach(), rtol=1e-10, atol=1e-12)
+    result = module.result()
+    assert result.num_chains == 3
+    pred = pyrobnn.predict(module.model, result, x, num_samples=None)
+    assert torch.isfinite(pred.mean).all()

@@ -473,7 +473,9 @@ class SVITrainer:
         atomic_save({"format": "pyrobnn-checkpoint", "state": self.state_dict()}, path)
 
     def load_checkpoint(self, path, x=None, y=None, dataset_size=None) -> None:
-        obj = safe_load(path)
+        # onto the CPU: the random generators' states must be CPU tensors, and the module and
+        # optimizer states are copied onto their parameters' devices as they load
+        obj = safe_load(path, map_location="cpu")
         if not isinstance(obj, dict) or obj.get("format") != "pyrobnn-checkpoint":
             raise ValueError(f"{path} is not a pyrobnn training checkpoint")
         self.load_state_dict(obj["state"], x, y, dataset_size)

@@ -23,12 +23,13 @@ class FlatPotential:
     constants they currently are. This evaluates the same density as Pyro's ``NUTS(model)``
     would trace, without tracing: the test suite checks the two against each other.
 
-    :param x, y: the data (all of it: no minibatch scaling).
+    :param x, y: the data (all of it: no minibatch scaling); ``None`` for a potential whose
+        callers pass every batch to :meth:`log_joint_terms` (minibatch training).
     """
 
-    def __init__(self, model, x, y):
+    def __init__(self, model, x=None, y=None):
         self.model = model
-        self.x, self.y = self.check_data(x, y)
+        self.x, self.y = self.check_data(x, y) if x is not None else (None, None)
         self.sites = list(model.sites)
         self.priors = [model.prior_distribution(s) for s in self.sites]
         self.latents = list(model.likelihood.latent_sites().items())
@@ -91,6 +92,8 @@ class FlatPotential:
         by default. A caller that passes a minibatch scales it by ``N / B`` itself."""
         x = self.x if x is None else x
         y = self.y if y is None else y
+        if x is None:
+            raise ValueError("this potential holds no data: pass the batch (x, y)")
         chains = z.shape[0]
         log_p = torch.zeros(chains, dtype=z.dtype, device=z.device)
         weights = {}
