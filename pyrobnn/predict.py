@@ -12,7 +12,7 @@ from pyro import poutine
 from pyro.infer import Predictive
 
 from pyrobnn.predictions import ClassificationPrediction, RegressionPrediction
-from pyrobnn.validation import as_tensor, check_finite, check_forward, check_same_placement
+from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int, check_same_placement
 
 __all__ = ["predict", "posterior_mean_values"]
 
@@ -117,6 +117,8 @@ def predict(
     for name, value in (("batch_size", batch_size), ("sample_batch_size", sample_batch_size)):
         if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    if num_samples is not None:
+        check_positive_int("num_samples", num_samples)
     given = _posterior_samples(guide)
     if given is not None:
         if method == "mean":
@@ -129,14 +131,12 @@ def predict(
         if len(set(counts.values())) != 1:
             raise ValueError(f"the posterior samples hold different numbers of draws per site: {counts}")
         available = counts[needed[0]] if needed else next(iter(given.values())).shape[0]
-        num_samples = available if num_samples is None else min(int(num_samples), available)
+        num_samples = available if num_samples is None else min(num_samples, available)
         given = {k: v[:num_samples].to(model.device) for k, v in given.items()}
     elif num_samples is None:
         raise ValueError("num_samples is required with a guide")
     else:
         check_same_placement(model.init_value(model.sites[0]), guide)
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be positive, got {num_samples}")
     if seed is not None:
         pyro.set_rng_seed(seed)
     x = x.to(model.device)

@@ -18,6 +18,7 @@ from torch import nn
 __all__ = [
     "as_tensor",
     "check_positive_int",
+    "check_positive_number",
     "check_finite",
     "FiniteOnce",
     "check_label_dtype",
@@ -43,6 +44,12 @@ def check_positive_int(name: str, value) -> None:
     argument ``name``."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_positive_number(name: str, value) -> None:
+    """Refuse anything but a finite positive real number (not a bool) for the argument ``name``."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
 
 
 def check_label_dtype(y: torch.Tensor) -> None:

@@ -86,7 +86,7 @@ def test_prediction_inputs():
         pyrobnn.predict(model, guide, torch.full((2, 3), float("nan")))
     with pytest.raises(ValueError, match="expects 3 features"):
         pyrobnn.predict(model, guide, torch.randn(2, 4))
-    with pytest.raises(ValueError, match="num_samples must be positive"):
+    with pytest.raises(ValueError, match="num_samples must be a positive integer, got 0"):
         pyrobnn.predict(model, guide, X, 0)
 
 
@@ -117,7 +117,7 @@ def test_configuration_errors():
         pyrobnn.VariationalDropout(model, alpha="unit")
     with pytest.raises(ValueError, match="dropout rate"):
         pyrobnn.MCDropout(model, p=1.0)
-    with pytest.raises(ValueError, match="batch_size must be positive"):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
         pyrobnn.fit(model, pyrobnn.MeanFieldNormal(model), X, Y, batch_size=0, progress=False)
     with pytest.raises(TypeError, match="nn.Module"):
         pyrobnn.BayesianModel(lambda x: x, pyrobnn.GaussianLikelihood())
@@ -193,3 +193,28 @@ def test_the_model_refuses_non_finite_data_under_pyros_own_svi_and_predictive(mo
     x[2, 0] = float("nan")
     with pytest.raises(ValueError, match="x contains NaN"):
         svi.step(x, y)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m, g, x, y: pyrobnn.fit(m, g, x, y, epochs=1, batch_size=2.5, progress=False), "batch_size must be a positive integer, got 2.5"),
+    (lambda m, g, x, y: pyrobnn.fit(m, g, x, y, epochs=1, clip_grad_norm=-1.0, progress=False), "clip_grad_norm must be a finite positive number"),
+    (lambda m, g, x, y: pyrobnn.fit(m, g, x, y, epochs=1, lr=float("inf"), progress=False), "lr must be a finite positive number"),
+    (lambda m, g, x, y: pyrobnn.predict(m, g, x, num_samples=2.5), "num_samples must be a positive integer, got 2.5"),
+    (lambda m, g, x, y: pyrobnn.KLAnnealing(float("nan"), 1.0), "KL annealing needs 0 <= start <= end"),
+    (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, lr=-1.0, max_epochs=1, progress=False), "lr must be a finite positive number"),
+    (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, weight_decay=-1.0, max_epochs=1, progress=False), "weight_decay must be a finite non-negative"),
+    (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, batch_size=1.5, max_epochs=1, progress=False), "batch_size must be a positive integer"),
+    (lambda m, g, x, y: pyrobnn.infer.hmc.mclmc(m, x, y, num_samples=4, num_warmup=(2, 1, 1), step_size=-1.0, progress=False), "step_size must be a finite positive number"),
+    (lambda m, g, x, y: pyrobnn.infer.hmc.mclmc(m, x, y, num_samples=4, num_warmup=(2, 1, 1), L=0.0, progress=False), "L must be a finite positive number"),
+    (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, num_processes=0, progress=False), "num_processes must be a positive integer"),
+])
+def test_arguments_are_refused_where_given_naming_the_argument_and_its_range(call, message):
+    import pyrobnn.infer.hmc  # noqa: F401 (the samplers' module)
+
+    torch.manual_seed(0)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(3,)), pyrobnn.GaussianLikelihood(scale=0.1))
+    guide = pyrobnn.MeanFieldNormal(model)
+    before = {k: v.clone() for k, v in guide.state_dict().items()}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        call(model, guide, torch.randn(8, 1), torch.randn(8, 1))
+    assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())

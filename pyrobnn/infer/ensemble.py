@@ -36,7 +36,7 @@ from pyrobnn.infer.fit import validate_training_data
 from pyrobnn.infer.hmc import MCMCResult, check_samplable, mclmc, nuts
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
-from pyrobnn.validation import check_positive_int
+from pyrobnn.validation import check_positive_int, check_positive_number
 
 __all__ = ["EnsembleResult", "deep_ensemble", "train_members", "ensemble_sampling", "member_initializations"]
 
@@ -121,10 +121,13 @@ def train_members(
         raise ValueError(f"max_epochs must be a positive integer, got {max_epochs!r}")
     if not isinstance(patience, int) or patience < 1:
         raise ValueError(f"patience must be a positive integer, got {patience!r}")
+    check_positive_number("lr", lr)
+    if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a finite non-negative number, got {weight_decay!r}")
     n = x.shape[0]
-    batch_size = n if batch_size is None else int(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if batch_size is None:
+        batch_size = n
+    check_positive_int("batch_size", batch_size)
     members = z_init.shape[0]
     z = torch.nn.Parameter(z_init.detach().clone())
     optimizer = torch.optim.AdamW([z], lr=lr, weight_decay=weight_decay)

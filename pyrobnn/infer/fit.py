@@ -16,7 +16,14 @@ from tqdm.auto import tqdm
 
 from pyrobnn.infer.objective import SVIObjective, trainable_parameters
 from pyrobnn.io import atomic_save, safe_load
-from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int, check_same_placement
+from pyrobnn.validation import (
+    as_tensor,
+    check_finite,
+    check_forward,
+    check_positive_int,
+    check_positive_number,
+    check_same_placement,
+)
 
 __all__ = ["fit", "SVITrainer", "History", "KLAnnealing", "NonFiniteLossError", "InvalidBatchError", "validate_training_data"]
 
@@ -49,7 +56,7 @@ class KLAnnealing:
     Molchanov et al. 2017 use ``KLAnnealing(5, 20)`` for sparse variational dropout."""
 
     def __init__(self, start: float = 0.0, end: float = 0.0):
-        if end < start or start < 0:
+        if not (math.isfinite(start) and math.isfinite(end)) or end < start or start < 0:
             raise ValueError(f"KL annealing needs 0 <= start <= end, got {start}, {end}")
         self.start, self.end = float(start), float(end)
 
@@ -223,8 +230,10 @@ class SVITrainer:
         self.kl_annealing = make_kl_schedule(kl_annealing, self.objective)
         self.lr_schedule = lr_schedule
         self.clip_grad_norm = clip_grad_norm
-        if optimizer is None and not (isinstance(lr, numbers.Real) and math.isfinite(lr) and lr > 0):
-            raise ValueError(f"lr must be a finite positive number, got {lr!r}")
+        if optimizer is None:
+            check_positive_number("lr", lr)
+        if clip_grad_norm is not None:
+            check_positive_number("clip_grad_norm", clip_grad_norm)
         self._optimizer_factory = optimizer
         self.lr = lr
         self.optimizer = None
@@ -513,9 +522,9 @@ class SVITrainer:
         if loader is None:
             x, y = validate_training_data(self.model, x, y)
             n = x.shape[0]
-            batch_size = n if batch_size is None else int(batch_size)
-            if batch_size < 1:
-                raise ValueError(f"batch_size must be positive, got {batch_size}")
+            if batch_size is None:
+                batch_size = n
+            check_positive_int("batch_size", batch_size)
             source = (x.to(self.model.device), y.to(self.model.device))
             steps_per_epoch = math.ceil(n / batch_size)
             first_x, first_y = x[:1], y[:1]

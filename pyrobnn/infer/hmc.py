@@ -16,7 +16,7 @@ from pyrobnn.infer.mclmc import sample_mclmc
 from pyrobnn.infer.nuts import sample_nuts
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
-from pyrobnn.validation import check_positive_int
+from pyrobnn.validation import check_positive_int, check_positive_number
 
 __all__ = ["MCMCResult", "nuts", "mclmc", "pyro_nuts", "initial_positions", "check_samplable"]
 
@@ -260,6 +260,9 @@ def mclmc(
         hold the potential at each draw (``energy``), the energy errors, the tuned ``step_size``,
         ``L`` and ``inv_mass``, and the steps undone for a non-finite result (``nonfinite``).
     """
+    check_positive_number("step_size", step_size)
+    if L is not None:
+        check_positive_number("L", L)
     if isinstance(num_warmup, int):
         num_warmup = (round(0.8 * num_warmup), round(0.1 * num_warmup), num_warmup - round(0.8 * num_warmup) - round(0.1 * num_warmup))
 
