@@ -87,23 +87,30 @@ def test_fit_accepts_a_dataloader_and_kl_annealing():
     assert history.kl_weight == pytest.approx(expected)
 
 
-def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_finite_parameters():
-    class Breaks(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.calls = 0
+class BreaksAfter(nn.Module):
+    """Passes its input through for ``calls`` calls, then returns NaN."""
 
-        def forward(self, h):
-            self.calls += 1
-            return h * float("nan") if self.calls > 5 else h
+    def __init__(self, calls):
+        super().__init__()
+        self.limit, self.calls = calls, 0
 
-    net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1), Breaks())
+    def forward(self, h):
+        self.calls += 1
+        return h * float("nan") if self.calls > self.limit else h
+
+
+def model_that_breaks_after(calls):
+    net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1), BreaksAfter(calls))
     model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.1))
-    guide = pyrobnn.MeanFieldNormal(model)
+    return net, model, pyrobnn.MeanFieldNormal(model)
+
+
+def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_finite_parameters():
+    net, model, guide = model_that_breaks_after(5)
     x, y = regression_data()
     trainer = SVITrainer(model, guide, lr=0.05)
     trainer._setup(x, y, None)
-    net[-1].calls = 0  # the set-up call of the guide does not run the network
+    net[-1].calls = 0  # count the steps' calls only (the set-up checks the network's output once)
     for _ in range(5):
         trainer.step(x, y)
     last = [p.detach().clone() for p in guide.parameters()]
@@ -257,16 +264,7 @@ def test_a_checkpoint_of_another_guide_is_refused_before_anything_changes(tmp_pa
 
 
 def test_fit_skips_every_update_from_the_first_failed_step_and_says_so():
-    class Breaks(nn.Module):
-        calls = 0
-
-        def forward(self, h):
-            self.calls += 1
-            return h * float("nan") if self.calls > 7 else h
-
-    net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1), Breaks())
-    model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.1))
-    guide = pyrobnn.MeanFieldNormal(model)
+    _, model, guide = model_that_breaks_after(7)
     x, y = regression_data()
     trainer = SVITrainer(model, guide, lr=0.05)
     # fit's check of the data and the trainer's set-up run the network once each; then step k

@@ -221,7 +221,6 @@ class SVITrainer:
         estimator=None,
         compile: bool = False,
     ):
-        check_positive_int("num_particles", num_particles)
         if getattr(model, "sites", None):
             check_same_placement(model.init_value(model.sites[0]), guide)
         self.model = model

@@ -15,7 +15,7 @@ from pyrobnn.infer.fit import default_optimizer, make_kl_schedule
 from pyrobnn.infer.hmc import check_samplable
 from pyrobnn.infer.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.validation import check_forward, check_positive_int, check_same_placement
+from pyrobnn.validation import check_forward, check_positive_int, check_positive_number, check_same_placement
 
 __all__ = ["SVIModule", "EnsembleModule", "EndProcessGroup"]
 
@@ -99,6 +99,8 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
         super().__init__()
         check_same_placement(model.init_value(model.sites[0]), guide)
         _check_dataset_size(dataset_size)
+        if optimizer is None:
+            check_positive_number("lr", lr)
         self.model = model
         self.guide = guide
         self.objective = SVIObjective(model, guide, elbo, num_particles, estimator, compile)
@@ -168,6 +170,8 @@ class EnsembleModule(_FrozenWhileFitting, L.LightningModule):
         _check_dataset_size(dataset_size)
         if objective not in ("map", "likelihood"):
             raise ValueError(f"objective must be 'map' or 'likelihood', got {objective!r}")
+        if optimizer is None:
+            check_positive_number("lr", lr)
         self.model = model
         self.potential = FlatPotential(model)
         self.members = torch.nn.Parameter(member_initializations(model, self.potential, num_members, seed))

@@ -11,6 +11,7 @@ import torch
 from pyrobnn.estimators import ESTIMATORS, Estimator
 from pyrobnn.infer.elbo import SplitELBO, make_elbo
 from pyrobnn.infer.flat import FlatELBO
+from pyrobnn.validation import check_positive_int
 
 __all__ = ["SVIObjective", "make_estimator", "trainable_parameters"]
 
@@ -53,6 +54,7 @@ class SVIObjective:
     """
 
     def __init__(self, model, guide, elbo=None, num_particles: int = 1, estimator=None, compile: bool = False):
+        check_positive_int("num_particles", num_particles)
         self.model, self.guide = model, guide
         self.elbo = make_elbo(elbo, guide, num_particles)
         self.estimator = make_estimator(estimator)
