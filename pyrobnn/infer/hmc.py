@@ -260,9 +260,9 @@ def mclmc(
         hold the potential at each draw (``energy``), the energy errors, the tuned ``step_size``,
         ``L`` and ``inv_mass``, and the steps undone for a non-finite result (``nonfinite``).
     """
-    check_positive_number("step_size", step_size)
-    if L is not None:
-        check_positive_number("L", L)
+    for name, value in (("step_size", step_size), ("L", L)):
+        if value is not None:  # None: BlackJAX's initial value (sample_mclmc)
+            check_positive_number(name, value)
     if isinstance(num_warmup, int):
         num_warmup = (round(0.8 * num_warmup), round(0.1 * num_warmup), num_warmup - round(0.8 * num_warmup) - round(0.1 * num_warmup))
 
