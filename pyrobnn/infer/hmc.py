@@ -176,9 +176,8 @@ def _run_in_processes(sampler, name, model, x, y, init, num_chains, init_radius,
     check_positive_int("num_processes", num_processes)
     check_samplable(model)
     x, y = validate_training_data(model, x, y)
-    potential = FlatPotential(model, x.to(model.device), y.to(model.device))
     generator = torch.Generator(device=model.device).manual_seed(seed)
-    z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+    z0 = initial_positions(FlatPotential(model), init, num_chains, init_radius, generator)  # the layout only
     groups = split_rows(z0, num_processes)
     calls = [((model, x, y), dict(options, init=g, seed=seed + i, progress=False)) for i, g in enumerate(groups)]
     start = time.perf_counter()
