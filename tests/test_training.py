@@ -367,3 +367,17 @@ def test_every_batch_of_a_dataloader_is_checked_not_only_the_first():
         trainer.fit(loader=loader, epochs=2, progress=False)
     assert info.value.step == 2
     assert all(int(trainer.optimizer.state[p]["step"]) == 2 for p in trainer.parameters())
+
+
+def test_clip_grad_norm_bounds_the_update():
+    """With plain SGD at lr 1, the update is the (clipped) gradient: its global norm is at most
+    the bound (before this test the clip was handed the gradients instead of the parameters and
+    clipped nothing)."""
+    x, y = regression_data()
+    model = mlp_model()
+    guide = pyrobnn.MeanFieldNormal(model)
+    trainer = SVITrainer(model, guide, optimizer=lambda params: torch.optim.SGD(params, lr=1.0), clip_grad_norm=1e-3)
+    before = [p.detach().clone() for p in trainer.parameters()]
+    trainer.step(x, y)
+    change = torch.stack([(p.detach() - b).norm() for p, b in zip(trainer.parameters(), before)]).norm()
+    assert 0 < change <= 1e-3 * (1 + 1e-5)

@@ -25,7 +25,16 @@ from pyrobnn.validation import (
     check_same_placement,
 )
 
-__all__ = ["fit", "SVITrainer", "History", "KLAnnealing", "NonFiniteLossError", "InvalidBatchError", "validate_training_data"]
+__all__ = [
+    "fit",
+    "SVITrainer",
+    "History",
+    "KLAnnealing",
+    "NonFiniteLossError",
+    "InvalidBatchError",
+    "StepFailures",
+    "validate_training_data",
+]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -170,6 +179,94 @@ def default_optimizer(params, lr):
     return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
+class StepFailures:
+    """The first failed training step since the last check, recorded on the device without a
+    host synchronization: a batch with bad values, a non-finite loss, or a non-finite gradient.
+    :attr:`failed` is a 0-d boolean tensor that a fused optimizer takes as ``found_inf`` (the
+    update is skipped, and so is every later one until :meth:`raise_if_any`), so the parameters
+    stay those from before the first failed step."""
+
+    CAUSES = ("data", "loss", "gradient")
+
+    def __init__(self):
+        self._f = None
+
+    @property
+    def failed(self):
+        return self._f["failed"] if self._f is not None else None
+
+    def record(self, step: int, epoch: int, bad_data, bad_loss, bad_grad, value) -> None:
+        f = self._f
+        device = value.device
+        if f is None or f["failed"].device != device:
+            f = self._f = {
+                "failed": torch.zeros((), dtype=torch.bool, device=device),
+                "step": torch.zeros((), dtype=torch.long, device=device),
+                "epoch": torch.zeros((), dtype=torch.long, device=device),
+                "cause": torch.zeros((), dtype=torch.long, device=device),
+                "value": torch.zeros((), dtype=value.dtype, device=device),
+            }
+        bad = bad_loss | bad_grad if bad_data is None else bad_data | bad_loss | bad_grad
+        first = bad & ~f["failed"]
+        cause = torch.where(bad_loss, 1, 2) if bad_data is None else torch.where(bad_data, 0, torch.where(bad_loss, 1, 2))
+        f["step"] = torch.where(first, step, f["step"])
+        f["epoch"] = torch.where(first, epoch, f["epoch"])
+        f["cause"] = torch.where(first, cause, f["cause"])
+        f["value"] = torch.where(first, value.to(f["value"].dtype), f["value"])
+        f["failed"] = f["failed"] | bad
+
+    def any(self) -> bool:
+        """Whether a step failed since the last check (a host synchronization)."""
+        return self._f is not None and bool(self._f["failed"])
+
+    def raise_if_any(self, params) -> None:
+        """Raise :class:`InvalidBatchError` or :class:`NonFiniteLossError` for the first failed
+        step since the last check, saying whether ``params`` are finite; then forget it."""
+        if not self.any():
+            return
+        f, self._f = self._f, None
+        step, epoch = int(f["step"]), int(f["epoch"])
+        cause = self.CAUSES[int(f["cause"])]
+        if cause == "data":
+            what = (
+                f"the batch of step {step} (epoch {epoch}) holds NaN or infinite values in x or y, "
+                "or targets the likelihood refuses (class labels outside [0, outputs), Bernoulli "
+                "targets other than 0 and 1)"
+            )
+        elif cause == "loss":
+            what = f"the loss is {float(f['value'])} at step {step} (epoch {epoch})"
+        else:
+            what = f"the gradient is not finite at step {step} (epoch {epoch}) although the loss is"
+        if all(bool(torch.isfinite(p).all()) for p in params):
+            where = f"the parameters are those from before step {step} (no later update was applied)"
+        else:
+            where = (
+                f"no update from step {step} on was applied, but the parameters were already not "
+                "finite: an earlier update overflowed"
+            )
+        if cause == "data":
+            raise InvalidBatchError(f"{what}; {where}.", step, epoch)
+        raise NonFiniteLossError(
+            f"{what}; {where}. Lower the learning rate, check the data, or clip gradients (clip_grad_norm=...).",
+            step,
+            epoch,
+        )
+
+
+def skips_on_device(optimizer) -> bool:
+    """Whether ``optimizer`` can skip a step on a flag held on the device (PyTorch's fused Adam,
+    AdamW and SGD take ``found_inf``, as under ``GradScaler``)."""
+    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)) and bool(optimizer.defaults.get("fused"))
+
+
+def grads_not_finite(params):
+    """A 0-d device tensor: whether any gradient of ``params`` is NaN or infinite (no sync)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    return ~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
+
+
 class SVITrainer:
     r"""Stochastic variational inference for a model and guide, on a PyTorch optimizer.
 
@@ -237,7 +334,7 @@ class SVITrainer:
         self.lr = lr
         self.optimizer = None
         self._num_outputs = None
-        self._failure = None
+        self.failures = StepFailures()
         self.history = History()
         self.epoch = 0
         self.generator = torch.Generator()
@@ -276,20 +373,13 @@ class SVITrainer:
         self._base_lrs = [g["lr"] for g in self.optimizer.param_groups]
 
     # ----------------------------------------------------------------- a step
-    def _skips_on_device(self) -> bool:
-        """Whether the optimizer can skip a step on a flag held on the device (PyTorch's fused
-        Adam, AdamW and SGD take ``found_inf``, as under ``GradScaler``)."""
-        return isinstance(self.optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)) and bool(
-            self.optimizer.defaults.get("fused")
-        )
-
     def _step_tensors(self, x, y, dataset_size, epoch_fraction):
         """One step with no host synchronization (for a fused optimizer): ``(loss, nll, kl)``
         as detached 0-d tensors on the model's device, and ``beta``.
 
         A batch with bad values, or a non-finite loss or gradient, is recorded on the device
-        (:attr:`_failure`) and the
-        update is skipped, as is every later one until :meth:`_raise_if_failed` reports it, so
+        (:class:`StepFailures`) and the
+        update is skipped, as is every later one until the failure is reported, so
         the parameters stay those from before the first failed step."""
         x, y = self._check_batch(x, y)
         self._setup(x, y, dataset_size)
@@ -303,22 +393,21 @@ class SVITrainer:
         loss, nll, kl = self.objective(x, y, dataset_size, beta)
         loss.backward()
         value = loss.detach()
-        grads = [p.grad for p in self._params if p.grad is not None]
         bad_loss = ~torch.isfinite(value)
-        bad_grad = torch.zeros_like(bad_loss)
-        if grads:
-            bad_grad = ~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
-            if self.clip_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(grads, self.clip_grad_norm, foreach=True)
-        self._record_failure(bad_data, bad_loss, bad_grad, value)
-        if self._skips_on_device():
-            self.optimizer.found_inf = self._failure["failed"].to(torch.float32)
+        bad_grad = grads_not_finite(self._params)
+        if bad_grad is None:
+            bad_grad = torch.zeros_like(bad_loss)
+        elif self.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in self._params if p.grad is not None], self.clip_grad_norm, foreach=True)
+        self.failures.record(self.history.steps, self.epoch, bad_data, bad_loss, bad_grad, value)
+        if skips_on_device(self.optimizer):
+            self.optimizer.found_inf = self.failures.failed.to(torch.float32)
             try:
                 self.optimizer.step()
             finally:
                 del self.optimizer.found_inf
         else:
-            self._raise_if_failed()  # a host sync: this optimizer cannot skip on the device
+            self.failures.raise_if_any(self._params)  # a host sync: this optimizer cannot skip on the device
             self.optimizer.step()
         self.history.steps += 1
         return value, nll.detach(), kl.detach(), beta
@@ -356,63 +445,6 @@ class SVITrainer:
                 bad = bad | bad_targets
         return y, bad
 
-    # why a step failed, first cause first
-    _CAUSES = ("data", "loss", "gradient")
-
-    def _record_failure(self, bad_data, bad_loss, bad_grad, value):
-        f = self._failure
-        device = value.device
-        if f is None or f["failed"].device != device:
-            f = self._failure = {
-                "failed": torch.zeros((), dtype=torch.bool, device=device),
-                "step": torch.zeros((), dtype=torch.long, device=device),
-                "epoch": torch.zeros((), dtype=torch.long, device=device),
-                "cause": torch.zeros((), dtype=torch.long, device=device),
-                "value": torch.zeros((), dtype=value.dtype, device=device),
-            }
-        bad = bad_data | bad_loss | bad_grad
-        first = bad & ~f["failed"]
-        cause = torch.where(bad_data, 0, torch.where(bad_loss, 1, 2))
-        f["step"] = torch.where(first, self.history.steps, f["step"])
-        f["epoch"] = torch.where(first, self.epoch, f["epoch"])
-        f["cause"] = torch.where(first, cause, f["cause"])
-        f["value"] = torch.where(first, value.to(f["value"].dtype), f["value"])
-        f["failed"] = f["failed"] | bad
-
-    def _raise_if_failed(self) -> None:
-        """Raise :class:`NonFiniteLossError` for the first failed step since the last check
-        (a host synchronization)."""
-        f = self._failure
-        if f is None or not bool(f["failed"]):
-            return
-        self._failure = None
-        step, epoch = int(f["step"]), int(f["epoch"])
-        cause = self._CAUSES[int(f["cause"])]
-        if cause == "data":
-            what = (
-                f"the batch of step {step} (epoch {epoch}) holds NaN or infinite values in x or y, "
-                "or targets the likelihood refuses (class labels outside [0, outputs), Bernoulli "
-                "targets other than 0 and 1)"
-            )
-        elif cause == "loss":
-            what = f"the loss is {float(f['value'])} at step {step} (epoch {epoch})"
-        else:
-            what = f"the gradient is not finite at step {step} (epoch {epoch}) although the loss is"
-        if all(bool(torch.isfinite(p).all()) for p in self._params):
-            where = f"the parameters are those from before step {step} (no later update was applied)"
-        else:
-            where = (
-                f"no update from step {step} on was applied, but the parameters were already not "
-                "finite: an earlier update overflowed"
-            )
-        if cause == "data":
-            raise InvalidBatchError(f"{what}; {where}.", step, epoch)
-        raise NonFiniteLossError(
-            f"{what}; {where}. Lower the learning rate, check the data, or clip gradients (clip_grad_norm=...).",
-            step,
-            epoch,
-        )
-
     def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
         """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)`` as floats.
         The batch gets the checks ``fit`` gives its data (types, shapes, finite values, label
@@ -420,7 +452,7 @@ class SVITrainer:
         :class:`NonFiniteLossError` with the parameters unchanged by the step. (``fit`` runs the same step without the per-step host
         synchronization that returning floats costs, and checks once per epoch.)"""
         loss, nll, kl, beta = self._step_tensors(x, y, dataset_size, epoch_fraction)
-        self._raise_if_failed()
+        self.failures.raise_if_any(self._params)
         loss, nll, kl = torch.stack([loss.to(nll.dtype), nll, kl]).tolist()
         return loss, nll, kl, beta
 
@@ -556,7 +588,7 @@ class SVITrainer:
                     sums = sums + torch.stack([loss.to(nll.dtype), nll, kl])
                     beta_sum += beta
                     count += 1
-                self._raise_if_failed()  # the epoch's one host synchronization, with the next line
+                self.failures.raise_if_any(self._params)  # the epoch's one host synchronization, with the next line
                 loss, nll, kl = (sums / count).tolist()
                 h = self.history
                 h.epoch.append(self.epoch + 1)
