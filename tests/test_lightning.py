@@ -12,6 +12,7 @@ import pyrobnn
 from pyrobnn.infer import SVITrainer
 from pyrobnn.infer.ensemble import member_initializations
 from pyrobnn.infer.lightning_modules import EndProcessGroup, EnsembleModule, SVIModule
+from pyrobnn.infer.objective import trainable_parameters
 from pyrobnn.infer.potential import FlatPotential
 from test_training import regression_data
 
@@ -150,3 +151,18 @@ def test_ensemble_members_under_two_ddp_processes_take_the_union_batchs_steps(tm
     assert result.num_chains == 3
     pred = pyrobnn.predict(module.model, result, x, num_samples=None)
     assert torch.isfinite(pred.mean).all()
+
+
+def test_a_non_finite_step_under_lightning_is_skipped_and_reported_at_the_epoch_end(tmp_path):
+    from pyrobnn.infer import NonFiniteLossError
+    from test_training import model_that_breaks_after
+
+    x, y = regression_data(N)
+    _, model, guide = model_that_breaks_after(2)  # the third call, step 2, returns NaN
+    module = SVIModule(model, guide, lr=1e-2)
+    trainer = lightning_trainer(tmp_path, devices=1)
+    with pytest.raises(NonFiniteLossError, match="the loss is nan at step 2 .*before step 2"):
+        trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+    optimizer = trainer.optimizers[0]
+    assert all(int(optimizer.state[p]["step"]) == 2 for p in trainable_parameters(model, guide))
+    assert all(torch.isfinite(p).all() for p in guide.parameters())

@@ -11,7 +11,7 @@ import lightning as L
 import torch
 
 from pyrobnn.infer.ensemble import EnsembleResult, member_initializations
-from pyrobnn.infer.fit import default_optimizer, make_kl_schedule
+from pyrobnn.infer.fit import NonFiniteLossError, StepFailures, default_optimizer, grads_not_finite, make_kl_schedule, skips_on_device
 from pyrobnn.infer.hmc import check_samplable
 from pyrobnn.infer.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.potential import FlatPotential
@@ -71,6 +71,11 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
     :param elbo, num_particles, kl_annealing, estimator, compile: as in
         :class:`~pyrobnn.infer.fit.SVITrainer` (the KL annealing's epoch is Lightning's).
 
+    A non-finite loss or gradient is handled as in :func:`pyrobnn.fit`: flagged on the device,
+    that update and every later one skipped (PyTorch's fused optimizers take the flag; others
+    check at once, a host sync), and at the end of the epoch, on every rank,
+    :class:`~pyrobnn.infer.fit.NonFiniteLossError` names the step.
+
     The network's random weights only initialize the guide and are never trained by SVI; so
     that DDP does not wait for gradients they never get, they do not require a gradient while
     a ``Trainer`` runs the module (``setup`` to ``teardown``). Checkpoints are Lightning's
@@ -108,9 +113,38 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
         self.dataset_size = dataset_size
         self.lr = lr
         self.optimizer_factory = optimizer
+        self.failures = StepFailures()
+        self._steps = 0
+        self._last_loss = None
 
     def setup(self, stage: str) -> None:
         self._freeze([self.model.init_value(s) for s in self.model.sites])
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # after backward (and DDP's all-reduce, so every rank sees the same gradients) and
+        # before the update: a flagged step is not applied
+        params = trainable_parameters(self.model, self.guide)
+        value = self._last_loss
+        bad_loss = ~torch.isfinite(value)
+        bad_grad = grads_not_finite(params)
+        self.failures.record(self._steps, self.current_epoch, None, bad_loss, bad_loss if bad_grad is None else bad_grad, value)
+        if skips_on_device(optimizer):
+            optimizer.found_inf = self.failures.failed.to(torch.float32)
+        else:
+            self.failures.raise_if_any(params)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self._steps += 1
+        for optimizer in self.trainer.optimizers:
+            if hasattr(optimizer, "found_inf"):
+                del optimizer.found_inf
+
+    def on_train_epoch_end(self) -> None:
+        # one host synchronization per epoch; every rank raises if any rank failed
+        if self.trainer.strategy.reduce_boolean_decision(self.failures.any(), all=False):
+            if not self.failures.any():
+                raise NonFiniteLossError(f"another rank's training failed in epoch {self.current_epoch}", self._steps, self.current_epoch)
+            self.failures.raise_if_any(trainable_parameters(self.model, self.guide))
 
     def training_step(self, batch, batch_idx):
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
@@ -120,6 +154,7 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
         if self.kl_annealing is not None:
             beta = self.kl_annealing(self.current_epoch + batch_idx / max(1, self.trainer.num_training_batches))
         loss, nll, kl = self.objective(x, y, _dataset_size(self, self.dataset_size), beta)
+        self._last_loss = loss.detach()
         # every step's loss estimates the whole data set's: steps weigh equally (batch_size=1)
         self.log("loss", loss.detach(), on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
         self.log_dict({"nll": nll, "kl": kl}, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=1)
