@@ -14,6 +14,9 @@ import pyrobnn
 from pyrobnn.guides.base import site_key
 from test_elbo import CASES, build, data
 
+# Pyro's JIT ELBOs are built on torch.jit.trace, which torch 2.14 announces as deprecated on every call
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:FutureWarning")
+
 GUIDE_CASES = [c for c in CASES if c != "meanfield-ard"] + ["gaussian-dropout", "weight-vd"]
 
 
