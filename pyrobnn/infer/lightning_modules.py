@@ -127,7 +127,9 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
         value = self._last_loss
         bad_loss = ~torch.isfinite(value)
         bad_grad = grads_not_finite(params)
-        self.failures.record(self._steps, self.current_epoch, None, bad_loss, bad_loss if bad_grad is None else bad_grad, value)
+        if bad_grad is None:
+            bad_grad = torch.zeros_like(bad_loss)
+        self.failures.record(self._steps, self.current_epoch, None, bad_loss, bad_grad, value)
         if skips_on_device(optimizer):
             optimizer.found_inf = self.failures.failed.to(torch.float32)
         else:
