@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numbers
-
 from typing import Optional
 
 import pyro

@@ -196,6 +196,8 @@ class StepFailures:
         return self._f["failed"] if self._f is not None else None
 
     def record(self, step: int, epoch: int, bad_data, bad_loss, bad_grad, value) -> None:
+        """Note step ``step`` as failed where any of the 0-d flags is set (``bad_data`` may be
+        ``None``: not checked); ``value`` is its loss."""
         f = self._f
         device = value.device
         if f is None or f["failed"].device != device:
@@ -206,9 +208,11 @@ class StepFailures:
                 "cause": torch.zeros((), dtype=torch.long, device=device),
                 "value": torch.zeros((), dtype=value.dtype, device=device),
             }
-        bad = bad_loss | bad_grad if bad_data is None else bad_data | bad_loss | bad_grad
+        if bad_data is None:
+            bad_data = torch.zeros_like(bad_loss)
+        bad = bad_data | bad_loss | bad_grad
         first = bad & ~f["failed"]
-        cause = torch.where(bad_loss, 1, 2) if bad_data is None else torch.where(bad_data, 0, torch.where(bad_loss, 1, 2))
+        cause = torch.where(bad_data, 0, torch.where(bad_loss, 1, 2))
         f["step"] = torch.where(first, step, f["step"])
         f["epoch"] = torch.where(first, epoch, f["epoch"])
         f["cause"] = torch.where(first, cause, f["cause"])
@@ -373,17 +377,22 @@ class SVITrainer:
         self._base_lrs = [g["lr"] for g in self.optimizer.param_groups]
 
     # ----------------------------------------------------------------- a step
-    def _step_tensors(self, x, y, dataset_size, epoch_fraction):
+    def _step_tensors(self, x, y, dataset_size, epoch_fraction, validated=False):
         """One step with no host synchronization (for a fused optimizer): ``(loss, nll, kl)``
         as detached 0-d tensors on the model's device, and ``beta``.
 
         A batch with bad values, or a non-finite loss or gradient, is recorded on the device
-        (:class:`StepFailures`) and the
-        update is skipped, as is every later one until the failure is reported, so
-        the parameters stay those from before the first failed step."""
-        x, y = self._check_batch(x, y)
+        (:class:`StepFailures`) and the update is skipped, as is every later one until the
+        failure is reported, so the parameters stay those from before the first failed step.
+        ``validated``: the batch is a slice of data that :func:`validate_training_data` has
+        checked whole and that sits on the model's device (``fit`` with tensors), so its
+        per-batch checks are skipped."""
+        if not validated:
+            x, y = self._check_batch(x, y)
         self._setup(x, y, dataset_size)
-        y, bad_data = self._flag_batch(x, y)
+        bad_data = None
+        if not validated:
+            y, bad_data = self._flag_batch(x, y)
         if self.lr_schedule is not None:
             factor = self.lr_schedule(epoch_fraction)
             for group, base in zip(self.optimizer.param_groups, self._base_lrs):
@@ -448,9 +457,10 @@ class SVITrainer:
     def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
         """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)`` as floats.
         The batch gets the checks ``fit`` gives its data (types, shapes, finite values, label
-        ranges); bad values in it, or a non-finite loss or gradient, raise
-        :class:`NonFiniteLossError` with the parameters unchanged by the step. (``fit`` runs the same step without the per-step host
-        synchronization that returning floats costs, and checks once per epoch.)"""
+        ranges); bad values in it raise :class:`InvalidBatchError`, a non-finite loss or
+        gradient :class:`NonFiniteLossError`, with the parameters unchanged by the step.
+        (``fit`` runs the same step without the per-step host synchronization that returning
+        floats costs, and checks once per epoch.)"""
         loss, nll, kl, beta = self._step_tensors(x, y, dataset_size, epoch_fraction)
         self.failures.raise_if_any(self._params)
         loss, nll, kl = torch.stack([loss.to(nll.dtype), nll, kl]).tolist()
@@ -584,7 +594,7 @@ class SVITrainer:
                 sums, beta_sum, count = 0.0, 0.0, 0
                 for i, (xb, yb) in enumerate(_batches(source, batch_size, self.generator)):
                     t = self.epoch + i / steps_per_epoch
-                    loss, nll, kl, beta = self._step_tensors(xb, yb, n, t)
+                    loss, nll, kl, beta = self._step_tensors(xb, yb, n, t, validated=loader is None)
                     sums = sums + torch.stack([loss.to(nll.dtype), nll, kl])
                     beta_sum += beta
                     count += 1

@@ -114,7 +114,7 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
         self.lr = lr
         self.optimizer_factory = optimizer
         self.failures = StepFailures()
-        self._steps = 0
+        self._params = None
         self._last_loss = None
 
     def setup(self, stage: str) -> None:
@@ -123,20 +123,18 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         # after backward (and DDP's all-reduce, so every rank sees the same gradients) and
         # before the update: a flagged step is not applied
-        params = trainable_parameters(self.model, self.guide)
         value = self._last_loss
         bad_loss = ~torch.isfinite(value)
-        bad_grad = grads_not_finite(params)
+        bad_grad = grads_not_finite(self._params)
         if bad_grad is None:
             bad_grad = torch.zeros_like(bad_loss)
-        self.failures.record(self._steps, self.current_epoch, None, bad_loss, bad_grad, value)
+        self.failures.record(self.global_step, self.current_epoch, None, bad_loss, bad_grad, value)
         if skips_on_device(optimizer):
             optimizer.found_inf = self.failures.failed.to(torch.float32)
         else:
-            self.failures.raise_if_any(params)
+            self.failures.raise_if_any(self._params)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        self._steps += 1
         for optimizer in self.trainer.optimizers:
             if hasattr(optimizer, "found_inf"):
                 del optimizer.found_inf
@@ -145,8 +143,8 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
         # one host synchronization per epoch; every rank raises if any rank failed
         if self.trainer.strategy.reduce_boolean_decision(self.failures.any(), all=False):
             if not self.failures.any():
-                raise NonFiniteLossError(f"another rank's training failed in epoch {self.current_epoch}", self._steps, self.current_epoch)
-            self.failures.raise_if_any(trainable_parameters(self.model, self.guide))
+                raise NonFiniteLossError(f"another rank's training failed in epoch {self.current_epoch}", self.global_step, self.current_epoch)
+            self.failures.raise_if_any(self._params)
 
     def training_step(self, batch, batch_idx):
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
@@ -163,7 +161,7 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        params = trainable_parameters(self.model, self.guide)
+        params = self._params = trainable_parameters(self.model, self.guide)
         if self.optimizer_factory is None:
             return default_optimizer(params, self.lr)
         return self.optimizer_factory(params)
