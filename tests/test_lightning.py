@@ -120,6 +120,14 @@ def test_dataset_size_is_checked():
         SVIModule(model, guide, dataset_size=0)
 
 
+@pytest.mark.parametrize("make", [lambda m: SVIModule(m, pyrobnn.MeanFieldNormal(m)), lambda m: EnsembleModule(m, 2)], ids=["svi", "ensemble"])
+def test_a_batch_of_the_wrong_width_is_refused_by_name(make, tmp_path):
+    model = ensemble_model()
+    x, y = torch.randn(16, 3, dtype=torch.float64), torch.randn(16, 1, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"x has shape \(8, 3\) but the network's first layer expects 1 features"):
+        lightning_trainer(tmp_path, devices=1).fit(make(model), DataLoader(TensorDataset(x, y), batch_size=8))
+
+
 def ensemble_model():
     torch.manual_seed(0)
     net = pyrobnn.MLP(1, 1, hidden=(16,), activation="tanh").double()
@@ -166,3 +174,17 @@ def test_a_non_finite_step_under_lightning_is_skipped_and_reported_at_the_epoch_
     optimizer = trainer.optimizers[0]
     assert all(int(optimizer.state[p]["step"]) == 2 for p in trainable_parameters(model, guide))
     assert all(torch.isfinite(p).all() for p in guide.parameters())
+
+
+def test_ensemble_members_skip_a_non_finite_step_and_report_it(tmp_path):
+    from pyrobnn.infer import NonFiniteLossError
+
+    x, y = data()
+    y = y.clone()
+    y[20] = float("nan")  # in the second batch of 16
+    module = EnsembleModule(ensemble_model(), 3, lr=1e-2)
+    trainer = lightning_trainer(tmp_path, devices=1)
+    with pytest.raises(NonFiniteLossError, match="the loss is nan at step 1 .*before step 1"):
+        trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+    assert int(trainer.optimizers[0].state[module.members]["step"]) == 1
+    assert torch.isfinite(module.members).all()

@@ -195,7 +195,11 @@ def test_a_module_trained_under_pyro_still_pickles():
     SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO()).step(x, y)
     buffer = io.BytesIO()
     torch.save(guide, buffer)  # no weak references were attached to the parameters
-    copy.deepcopy(model)
+    buffer.seek(0)
+    reloaded = torch.load(buffer, weights_only=False)
+    assert all(torch.equal(a, b) for a, b in zip(guide.parameters(), reloaded.parameters()))
+    copied = copy.deepcopy(model)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), copied.parameters()))
 
 
 def test_a_second_prefix_keeps_two_jit_trained_bnns_apart():

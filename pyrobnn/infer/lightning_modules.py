@@ -51,7 +51,46 @@ class _FrozenWhileFitting:
         self._frozen = []
 
 
-class SVIModule(_FrozenWhileFitting, L.LightningModule):
+class _SkipsNonFiniteSteps:
+    """A non-finite loss or gradient handled as in :func:`pyrobnn.fit`: flagged on the device
+    (:class:`~pyrobnn.infer.fit.StepFailures`), that update and every later one skipped
+    (PyTorch's fused optimizers take the flag; others check at once, a host sync), and at the
+    end of the epoch, on every rank, :class:`~pyrobnn.infer.fit.NonFiniteLossError` names the
+    step. The module sets ``_params`` (what its optimizer updates) and ``_last_loss`` (each
+    training step's loss)."""
+
+    failures: StepFailures
+    _params: list
+    _last_loss: torch.Tensor
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # after backward (and DDP's all-reduce, so every rank sees the same gradients) and
+        # before the update: a flagged step is not applied
+        value = self._last_loss
+        bad_loss = ~torch.isfinite(value)
+        bad_grad = grads_not_finite(self._params)
+        if bad_grad is None:
+            bad_grad = torch.zeros_like(bad_loss)
+        self.failures.record(self.global_step, self.current_epoch, None, bad_loss, bad_grad, value)
+        if skips_on_device(optimizer):
+            optimizer.found_inf = self.failures.failed.to(torch.float32)
+        else:
+            self.failures.raise_if_any(self._params)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        for optimizer in self.trainer.optimizers:
+            if hasattr(optimizer, "found_inf"):
+                del optimizer.found_inf
+
+    def on_train_epoch_end(self) -> None:
+        # one host synchronization per epoch; every rank raises if any rank failed
+        if self.trainer.strategy.reduce_boolean_decision(self.failures.any(), all=False):
+            if not self.failures.any():
+                raise NonFiniteLossError(f"another rank's training failed in epoch {self.current_epoch}", self.global_step, self.current_epoch)
+            self.failures.raise_if_any(self._params)
+
+
+class SVIModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModule):
     r"""A ``LightningModule`` that trains ``model`` and ``guide`` by SVI.
 
     Each training step returns :class:`~pyrobnn.infer.objective.SVIObjective`'s loss on the
@@ -71,10 +110,8 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
     :param elbo, num_particles, kl_annealing, estimator, compile: as in
         :class:`~pyrobnn.infer.fit.SVITrainer` (the KL annealing's epoch is Lightning's).
 
-    A non-finite loss or gradient is handled as in :func:`pyrobnn.fit`: flagged on the device,
-    that update and every later one skipped (PyTorch's fused optimizers take the flag; others
-    check at once, a host sync), and at the end of the epoch, on every rank,
-    :class:`~pyrobnn.infer.fit.NonFiniteLossError` names the step.
+    A non-finite loss or gradient is skipped and reported as in :func:`pyrobnn.fit` (see
+    :class:`_SkipsNonFiniteSteps`).
 
     The network's random weights only initialize the guide and are never trained by SVI; so
     that DDP does not wait for gradients they never get, they do not require a gradient while
@@ -120,36 +157,11 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
     def setup(self, stage: str) -> None:
         self._freeze([self.model.init_value(s) for s in self.model.sites])
 
-    def on_before_optimizer_step(self, optimizer) -> None:
-        # after backward (and DDP's all-reduce, so every rank sees the same gradients) and
-        # before the update: a flagged step is not applied
-        value = self._last_loss
-        bad_loss = ~torch.isfinite(value)
-        bad_grad = grads_not_finite(self._params)
-        if bad_grad is None:
-            bad_grad = torch.zeros_like(bad_loss)
-        self.failures.record(self.global_step, self.current_epoch, None, bad_loss, bad_grad, value)
-        if skips_on_device(optimizer):
-            optimizer.found_inf = self.failures.failed.to(torch.float32)
-        else:
-            self.failures.raise_if_any(self._params)
-
-    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        for optimizer in self.trainer.optimizers:
-            if hasattr(optimizer, "found_inf"):
-                del optimizer.found_inf
-
-    def on_train_epoch_end(self) -> None:
-        # one host synchronization per epoch; every rank raises if any rank failed
-        if self.trainer.strategy.reduce_boolean_decision(self.failures.any(), all=False):
-            if not self.failures.any():
-                raise NonFiniteLossError(f"another rank's training failed in epoch {self.current_epoch}", self.global_step, self.current_epoch)
-            self.failures.raise_if_any(self._params)
-
     def training_step(self, batch, batch_idx):
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             raise ValueError("SVIModule's training data must yield (x, y) pairs")
         x, y = batch
+        self.model.check_x(x)  # dtype, emptiness and width, before torch's own shape error
         beta = 1.0
         if self.kl_annealing is not None:
             beta = self.kl_annealing(self.current_epoch + batch_idx / max(1, self.trainer.num_training_batches))
@@ -167,7 +179,7 @@ class SVIModule(_FrozenWhileFitting, L.LightningModule):
         return self.optimizer_factory(params)
 
 
-class EnsembleModule(_FrozenWhileFitting, L.LightningModule):
+class EnsembleModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModule):
     r"""A ``LightningModule`` that trains the ``K`` members of a deep ensemble of ``model``: the
     members are the rows of one ``(K, dim)`` parameter (as in :func:`pyrobnn.deep_ensemble`,
     member ``k`` initialized under the seed ``seed + k``), every step one vmapped pass of the
@@ -178,7 +190,8 @@ class EnsembleModule(_FrozenWhileFitting, L.LightningModule):
     Under DDP the ranks' gradients are averaged, which is the step on the union of their
     batches (tested against exactly that, two processes with gloo).
 
-    Lightning has no per-member early stopping: use :func:`pyrobnn.deep_ensemble` where that
+    A non-finite loss or gradient is skipped and reported as in :func:`pyrobnn.fit`. Lightning
+    has no per-member early stopping: use :func:`pyrobnn.deep_ensemble` where that
     matters, or Lightning's callbacks on the logged mean ``loss``. :meth:`result` gives the
     members as an :class:`~pyrobnn.infer.ensemble.EnsembleResult` (for ``predict``,
     ``Predictive``, ArviZ, and as starting points of ``ensemble_sampling``).
@@ -214,6 +227,9 @@ class EnsembleModule(_FrozenWhileFitting, L.LightningModule):
         self.objective, self.lr, self.weight_decay = objective, lr, weight_decay
         self.optimizer_factory = optimizer
         self._outputs = None
+        self.failures = StepFailures()
+        self._params = [self.members]
+        self._last_loss = None
 
     def setup(self, stage: str) -> None:
         self._freeze(self.model.parameters())  # the members are the rows of self.members
@@ -232,12 +248,16 @@ class EnsembleModule(_FrozenWhileFitting, L.LightningModule):
         if self.objective == "map":
             per_member = per_member - log_prior
         per_member = per_member / n
+        loss = per_member.sum()
+        self._last_loss = loss.detach()
         self.log("loss", per_member.detach().mean(), on_step=False, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=1)
-        return per_member.sum()
+        return loss
 
     def configure_optimizers(self):
         if self.optimizer_factory is None:
-            return torch.optim.AdamW([self.members], lr=self.lr, weight_decay=self.weight_decay)
+            # fused where it can be: it skips a failed step on the device, without a sync
+            fused = self.members.device.type in ("cpu", "cuda")
+            return torch.optim.AdamW([self.members], lr=self.lr, weight_decay=self.weight_decay, fused=fused)
         return self.optimizer_factory([self.members])
 
     @torch.no_grad()
