@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import pyro
 import torch
 
+from pyrobnn.infer import native as native_kernels
+from pyrobnn.infer.budget import ExecutionPath, check_compile, choose_path
 from pyrobnn.infer.fit import validate_training_data
 from pyrobnn.infer.mclmc import sample_mclmc
 from pyrobnn.infer.nuts import sample_nuts
@@ -71,7 +73,7 @@ def nuts(
     target_accept: float = 0.8,
     seed: int = 0,
     init_radius: float = 2.0,
-    compile: bool = True,
+    compile="auto",
     progress: bool = True,
     init=None,
     num_processes: int = 1,
@@ -89,81 +91,96 @@ def nuts(
     ``pyro.infer.Predictive(model, posterior_samples=result.flat_samples())`` or
     :func:`pyrobnn.predict`.
 
-    :param num_chains: chains run in lockstep as one batch, so on a CPU more chains cost far
-        less than proportionally: on a 1-50-1 network a leapfrog step takes about 10.6 us per
-        chain at 16 chains and 6.5 at 64 (``docs/benchmarks.md``). For many effective samples,
-        raise the chains (32-64) rather than the draws.
+    :param num_chains: the chains. On the native path (below) each chain builds its own tree,
+        and groups of chains run on ``torch.get_num_threads()`` threads; on the torch paths the
+        chains run in lockstep as one batch.
     :param init: starting positions, one chain each: a
         :class:`~pyrobnn.infer.ensemble.EnsembleResult` (ensemble-initialized NUTS, Sommer et al.
         2024), an :class:`MCMCResult` (its last draws) or unconstrained vectors ``(chains, dim)``;
         ``num_chains`` is then their number.
-    :param compile: compile each trajectory doubling (its leapfrog steps in a loop inside
-        compiled code, the potential's gradient and the tree bookkeeping) with ``torch.compile``
-        (default): seconds of compilation, then many times less time per step on small
-        networks. Falls back to eager code with a warning if compilation fails.
+    :param compile: which code runs the transitions (:mod:`pyrobnn.infer.budget`):
+        ``"auto"`` (default) lets the run's budget pick between the native kernels of
+        :mod:`pyrobnn.infer.native` (stacks of ``nn.Linear`` with Normal priors and a Gaussian,
+        heteroscedastic or categorical likelihood; built once per machine in about 2 s), the
+        torch code compiled with ``torch.compile`` (every other model; 10-16 s per run) and the
+        eager torch code (no start-up); ``True`` takes the fastest compiled path, ``False`` the
+        eager one. ``stats["path"]`` and ``stats["path_reason"]`` say which ran and why. If
+        ``torch.compile`` fails, the run falls back to eager code with a warning.
     :param num_processes: split the chains into this many groups, each run in its own process
         (:mod:`pyrobnn.infer.processes`): a group no longer waits for another group's longest
         trajectory, and each uses its own core. Group ``i`` draws from the seed ``seed + i``
-        (the starting positions are drawn here from ``seed``, so they do not change), and each
-        process compiles its own code.
+        (the starting positions are drawn here from ``seed``, so they do not change). The native
+        kernels are built here first, so the processes load them instead of building their own.
     """
     for name, value, least in (("num_samples", num_samples, 1), ("num_warmup", num_warmup, 0), ("max_tree_depth", max_tree_depth, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     if not (isinstance(target_accept, (int, float)) and 0 < target_accept < 1):
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
+    check_compile(compile)
 
     if num_processes != 1:
         options = dict(num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth, target_accept=target_accept, compile=compile)
         return _run_in_processes(nuts, "NUTS", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress)
 
-    def run(potential_fn, z0, generator, compiled):
+    def run(potential_fn, z0, generator, path):
         return sample_nuts(
             potential_fn, z0, num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth,
-            target_accept=target_accept, generator=generator, progress=progress, compile=compiled,
+            target_accept=target_accept, generator=generator, progress=progress, compile=path.kind == "torch.compile",
+            native=path.native,
         )
 
-    return _run_sampler(model, x, y, run, "NUTS", init, num_chains, init_radius, seed, compile)
+    evaluations = (num_warmup + num_samples) * (2**max_tree_depth - 1)
+    return _run_sampler(model, x, y, run, "NUTS", init, num_chains, init_radius, seed, compile, evaluations, bound=True)
 
 
-def _run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, compile) -> MCMCResult:
+def _run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, compile, evaluations, bound=False) -> MCMCResult:
     """What the model-level samplers share: check the model and data, build the potential and
-    the starting positions, run ``run(potential_fn, z0, generator, compiled)`` without gradients
-    (compiled, falling back to eager code with a warning if compilation fails), and unpack the
-    draws ``(chains, draws, dim)`` into sites, with the potential at every draw in the stats."""
+    the starting positions, let the budget pick the path (:func:`~pyrobnn.infer.budget.choose_path`,
+    for ``evaluations`` gradient evaluations per chain), run ``run(potential_fn, z0, generator,
+    path)`` without gradients (a failed ``torch.compile`` falls back to eager code with a
+    warning), and unpack the draws ``(chains, draws, dim)`` into sites, with the potential at
+    every draw and the path in the stats."""
     check_samplable(model)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)
     was_training = model.training
     model.eval()
+    path = None
     try:
         potential = FlatPotential(model, x, y)
         generator = torch.Generator(device=model.device).manual_seed(seed)
         z0 = initial_positions(potential, init, num_chains, init_radius, generator)
         start = time.perf_counter()
-        with torch.no_grad():
-            if compile:
+        # the positions are unconstrained and mapped into each support, so distribution argument
+        # checks (Pyro's validation) cannot fail here except on a non-finite step, which the
+        # samplers undo or count as divergent; inside compiled code each check would also be a
+        # data-dependent branch, which the compiled NUTS loop refuses
+        with torch.no_grad(), pyro.validation_enabled(False):
+            path = choose_path(potential, z0, compile, name, evaluations, bound)
+            if path.kind == "native":
+                draws, stats = run(path.native.value_and_grad, z0, generator, path)
+            elif path.kind == "torch.compile":
                 try:
-                    # the positions are unconstrained and mapped into each support, so
-                    # distribution argument checks (Pyro's validation) cannot fail here; inside
-                    # compiled code each would be a data-dependent branch, which the compiled
-                    # NUTS loop refuses
-                    with pyro.validation_enabled(False):
-                        draws, stats = run(potential.value_and_grad_functional, z0, generator, True)
+                    draws, stats = run(potential.value_and_grad_functional, z0, generator, path)
                 except Exception as e:  # no C++ compiler, an unsupported operation, ...
                     warnings.warn(f"{name} runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                    path = ExecutionPath("eager", f"torch.compile failed ({type(e).__name__}); {path.reason}")
                     generator.manual_seed(seed)
                     z0 = initial_positions(potential, init, num_chains, init_radius, generator)
-                    draws, stats = run(potential.value_and_grad, z0, generator, False)
+                    draws, stats = run(potential.value_and_grad, z0, generator, path)
             else:
-                draws, stats = run(potential.value_and_grad, z0, generator, False)
+                draws, stats = run(potential.value_and_grad, z0, generator, path)
         seconds = time.perf_counter() - start
         chains, kept = draws.shape[:2]
         values = potential.unpack(draws.reshape(chains * kept, potential.dim))
         if "energy" not in stats:
             stats["energy"] = _energies(potential, draws)
+        stats.update(path.stats())
     finally:
         model.train(was_training)
+        if path is not None and path.native is not None:
+            path.native.close()
     samples = {k: v.reshape((chains, kept) + v.shape[1:]) for k, v in values.items()}
     return MCMCResult(samples, stats, seconds, f"pyrobnn {name}" + (" (ensemble-initialized)" if init is not None else ""))
 
@@ -179,6 +196,11 @@ def _run_in_processes(sampler, name, model, x, y, init, num_chains, init_radius,
     generator = torch.Generator(device=model.device).manual_seed(seed)
     z0 = initial_positions(FlatPotential(model), init, num_chains, init_radius, generator)  # the layout only
     groups = split_rows(z0, num_processes)
+    if options.get("compile") is not False and native_kernels.unsupported_reason(model, x) is None:
+        try:  # built once here, so that the processes load it instead of each building its own
+            native_kernels.library()
+        except native_kernels.NativeUnavailable:
+            pass  # each process will say why in its stats
     calls = [((model, x, y), dict(options, init=g, seed=seed + i, progress=False)) for i, g in enumerate(groups)]
     start = time.perf_counter()
     results = run_in_processes(sampler, calls, progress=progress, desc=f"{name}, {len(groups)} processes")
@@ -236,7 +258,7 @@ def mclmc(
     seed: int = 0,
     init_radius: float = 2.0,
     init=None,
-    compile: bool = True,
+    compile="auto",
     progress: bool = True,
     num_processes: int = 1,
 ) -> MCMCResult:
@@ -251,8 +273,9 @@ def mclmc(
     both), as MILE does: from random starts the chains spend their tuning climbing.
 
     :param num_warmup: the steps of the three tuning phases, or one number split 80/10/10.
-    :param compile: compile each step (two gradient evaluations and the updates) with
-        ``torch.compile``; falls back to eager code with a warning if compilation fails.
+    :param compile: which code runs each step, as in :func:`nuts`: ``"auto"`` (default: the
+        native kernels where they apply and pay, else ``torch.compile`` where the run is long
+        enough, else eager torch code), ``True`` or ``False``.
     :param num_processes: run the chains in this many groups, one process each, as in
         :func:`nuts`.
     :returns: an :class:`MCMCResult` with ``num_samples // thinning`` draws per chain; its stats
@@ -262,6 +285,7 @@ def mclmc(
     for name, value in (("step_size", step_size), ("L", L)):
         if value is not None:  # None: BlackJAX's initial value (sample_mclmc)
             check_positive_number(name, value)
+    check_compile(compile)
     if isinstance(num_warmup, int):
         num_warmup = (round(0.8 * num_warmup), round(0.1 * num_warmup), num_warmup - round(0.8 * num_warmup) - round(0.1 * num_warmup))
 
@@ -272,14 +296,16 @@ def mclmc(
         )
         return _run_in_processes(mclmc, "MCLMC", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress)
 
-    def run(potential_fn, z0, generator, compiled):
+    def run(potential_fn, z0, generator, path):
         L0 = max(math.sqrt(z0.shape[1]), 15.0) if L is None else L
         return sample_mclmc(
             potential_fn, z0, num_samples, num_warmup, thinning=thinning, step_size=step_size, L=L0, energy_variance=energy_variance,
-            diagonal_preconditioning=diagonal_preconditioning, generator=generator, progress=progress, compile=compiled,
+            diagonal_preconditioning=diagonal_preconditioning, generator=generator, progress=progress,
+            compile=path.kind == "torch.compile", native=path.native,
         )
 
-    return _run_sampler(model, x, y, run, "MCLMC", init, num_chains, init_radius, seed, compile)
+    steps = sum(num_warmup) + (round(num_warmup[1] / 3) if diagonal_preconditioning else 0) + num_samples
+    return _run_sampler(model, x, y, run, "MCLMC", init, num_chains, init_radius, seed, compile, 2 * steps)
 
 
 def pyro_nuts(

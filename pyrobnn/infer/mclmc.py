@@ -157,16 +157,25 @@ def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise
 
 
 class _Stepper:
-    """Draws the noise and calls the (possibly compiled) step function."""
+    """Draws the noise and calls the (possibly compiled) step function, or the native kernels'
+    step (:mod:`pyrobnn.infer.native`) on the same noise."""
 
-    def __init__(self, potential, generator, compile):
+    def __init__(self, potential, generator, compile, native=None):
         fn = functools.partial(mclmc_step, potential)
-        self.fn = torch.compile(fn, dynamic=False) if compile else fn
+        self.fn = torch.compile(fn, dynamic=False) if compile and native is None else fn
         self.generator = generator
+        self.native = native
 
     def __call__(self, state: MCLMCState, tuning: MCLMCTuning):
         z = state.z
         noise = torch.randn((3,) + tuple(z.shape), generator=self.generator, dtype=z.dtype, device=z.device)
+        if self.native is not None:
+            z, u, energy, grad = z.clone(), state.u.clone(), state.energy.clone(), state.grad.clone()
+            d_energy, finite = self.native.mclmc(
+                z, u, energy, grad, tuning.step_size.contiguous(), tuning.L.contiguous(), tuning.inv_mass.sqrt(),
+                noise.transpose(0, 1).contiguous(),
+            )
+            return MCLMCState(z, u, energy, grad), d_energy, finite
         z, u, energy, grad, d_energy, finite = self.fn(
             state.z, state.u, state.energy, state.grad, tuning.step_size, tuning.L, tuning.inv_mass.sqrt(), noise
         )
@@ -299,9 +308,13 @@ def sample_mclmc(
     generator=None,
     progress: bool = True,
     compile: bool = False,
+    native=None,
 ):
     """Tune (``num_warmup`` = the steps of the three phases) and then run ``num_samples`` steps
     of MCLMC from ``z_init`` (``(C, D)``), keeping every ``thinning``-th position.
+
+    :param native: a :class:`~pyrobnn.infer.native.NativeMLP` of ``potential``: each step runs
+        in its native code, on the same noise (``compile`` is then not used).
 
     :returns: the draws ``(C, num_samples // thinning, D)`` and statistics: ``energy`` (the
         potential at each draw, ``(C, S)``), ``energy_change`` (the energy error of each kept
@@ -321,9 +334,9 @@ def sample_mclmc(
     extra_precond = round(n2 / 3) if diagonal_preconditioning and n2 > 1 else 0
     total = n1 + n2 + extra_precond + (n3 if n3 >= 2 else 0) + num_samples
     bar = tqdm(total=total, disable=not progress, desc="MCLMC", unit="step", dynamic_ncols=True, mininterval=0.5)
-    stepper = _Stepper(potential, generator, compile)
+    stepper = _Stepper(potential, generator, compile, native)
     # the step is compiled for each potential (see raised_recompile_limits)
-    with raised_recompile_limits(enabled=compile):
+    with raised_recompile_limits(enabled=compile and native is None):
         try:
             state = mclmc_init(potential, z_init, generator)
             state, tuning, warm_stats = tune_mclmc(

@@ -26,7 +26,10 @@ from tqdm.auto import tqdm
 
 from pyrobnn.runtime import raised_recompile_limits
 
-__all__ = ["NUTSState", "nuts_step", "find_step_size", "DualAveraging", "WelfordVariance", "warmup_windows", "sample_nuts"]
+__all__ = [
+    "NUTSState", "nuts_step", "transition_uniforms", "find_step_size", "DualAveraging", "WelfordVariance", "warmup_windows",
+    "sample_nuts",
+]
 
 MAX_DELTA_ENERGY = 1000.0
 
@@ -179,22 +182,41 @@ def _double(potential, while_loop, trajectory, forward, log_u, log_u_merge, n_le
     return (zl, rl, gl, zr, rr, gr, pz, pu, pg, log_w, r_sum, done, diverging, depth, accept_sum, n_steps, r_ckpt, r_sum_ckpt)
 
 
-def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: int = 10, generator=None, double=None):
+def transition_uniforms(chains: int, max_tree_depth: int, generator=None, dtype=torch.float32, device=None):
+    """The uniforms one NUTS transition may use, per chain in one row of
+    ``2 * max_tree_depth + 2**max_tree_depth - 1``: the direction of each doubling (forward where
+    below 0.5), the merge uniform of each doubling, then one per leaf (doubling ``j`` reads leaves
+    ``2**j - 1`` to ``2**(j + 1) - 2``). Drawn at once, so that the batched torch path and the
+    native kernels (:mod:`pyrobnn.infer.native`), which build each chain's tree on its own, follow
+    the same random stream."""
+    return torch.rand(chains, 2 * max_tree_depth + 2**max_tree_depth - 1, generator=generator, dtype=dtype, device=device)
+
+
+def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: int = 10, generator=None, double=None, native=None):
     """One NUTS transition for every chain.
 
     :param step_size: ``(C,)``.
     :param inv_mass: diagonal inverse mass matrices, ``(C, D)``.
     :param double: :func:`_double` bound to ``potential``, possibly compiled; default the eager one.
+    :param native: a :class:`~pyrobnn.infer.native.NativeMLP` of the same potential: the
+        transition runs there instead (each chain's tree built on its own), on the same random
+        numbers.
     :returns: the new state and per-chain statistics: ``accept_prob`` (mean Metropolis
         acceptance over the trajectory, for adaptation), ``tree_depth``, ``num_steps``,
         ``diverging``.
     """
-    if double is None:
-        double = functools.partial(_double, potential, _eager_while_loop)
     z0, u0, g0 = state.z, state.energy, state.grad
     chains, dim = z0.shape
     dtype, device = z0.dtype, z0.device
     r0 = torch.randn(chains, dim, generator=generator, dtype=dtype, device=device) / inv_mass.sqrt()
+    uniforms = transition_uniforms(chains, max_tree_depth, generator, dtype, device)
+    if native is not None:
+        z, u, g = z0.clone(), u0.clone(), g0.clone()
+        out = native.nuts(z, u, g, r0, inv_mass.contiguous(), step_size.contiguous(), max_tree_depth, uniforms)
+        stats = {"accept_prob": out[:, 0], "tree_depth": out[:, 1].long(), "num_steps": out[:, 2], "diverging": out[:, 3] > 0}
+        return NUTSState(z, u, g), stats
+    if double is None:
+        double = functools.partial(_double, potential, _eager_while_loop)
     h0 = u0 + _kinetic(r0, inv_mass)
     step = step_size.reshape(chains, 1)
     check_table, store_table = _checkpoint_tables(max_tree_depth, device)
@@ -207,11 +229,11 @@ def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: 
         torch.zeros(chains, dtype=torch.long, device=device), zeros.clone(), zeros.clone(),
         torch.zeros(chains, max_tree_depth, dim, dtype=dtype, device=device), torch.zeros(chains, max_tree_depth, dim, dtype=dtype, device=device),
     )
+    leaves = 2 * max_tree_depth
     for j in range(max_tree_depth):
-        forward = torch.rand(chains, generator=generator, dtype=dtype, device=device) < 0.5
-        torch.rand(2**j, chains, generator=generator, dtype=dtype, device=device, out=log_u[: 2**j])
-        log_u[: 2**j].log_()
-        log_u_merge = torch.rand(chains, generator=generator, dtype=dtype, device=device).log_()
+        forward = uniforms[:, j] < 0.5
+        log_u[: 2**j] = uniforms[:, leaves + 2**j - 1 : leaves + 2 ** (j + 1) - 1].T.log()
+        log_u_merge = uniforms[:, max_tree_depth + j].log()
         n_leaves = torch.tensor(2**j, device=device)
         trajectory = double(trajectory, forward, log_u, log_u_merge, n_leaves, check_table, store_table, step, inv_mass, h0)
         if trajectory[11].all():
@@ -330,10 +352,13 @@ def sample_nuts(
     progress: bool = True,
     transform=None,
     compile: bool = False,
+    native=None,
 ):
     """Run NUTS on every chain of ``z_init`` (``(C, D)``); returns the samples ``(C, S, D)``
     (mapped through ``transform`` per draw if given) and per-draw statistics.
 
+    :param native: a :class:`~pyrobnn.infer.native.NativeMLP` of ``potential``: every
+        transition runs in its native code (``compile`` is then not used).
     :param compile: compile each trajectory doubling (:func:`_double`: the subtree's leapfrog
         steps with the potential's gradient inside a ``torch.while_loop``, the U-turn checks and
         the merge) with ``torch.compile`` and Inductor's C++ wrapper, so that the loop over
@@ -341,7 +366,9 @@ def sample_nuts(
         On a 1-50-1 network at 4 chains that is about 3x less time per leaf than a compiled
         call per leaf, and a few seconds of compilation (``docs/benchmarks.md``)."""
     chains, dim = z_init.shape
-    if compile:
+    if native is not None:
+        double, compile = None, False
+    elif compile:
         double = torch.compile(functools.partial(_double, potential, torch.while_loop), dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
     else:
         double = functools.partial(_double, potential, _eager_while_loop)
@@ -362,7 +389,7 @@ def sample_nuts(
         try:
             for i in range(num_warmup + num_samples):
                 warming = i < num_warmup
-                state, stats = nuts_step(potential, state, step, inv_mass, max_tree_depth, generator, double)
+                state, stats = nuts_step(potential, state, step, inv_mass, max_tree_depth, generator, double, native)
                 if warming:
                     step = adapter.update(stats["accept_prob"])
                     if adapt_mass and i >= window_start:

@@ -55,5 +55,14 @@ def split_rows(rows: torch.Tensor, parts: int) -> list:
 
 
 def concat_rows(dicts: list) -> dict:
-    """Per key, the groups' tensors joined along their first (chain or member) dimension."""
-    return {k: torch.cat([d[k] for d in dicts], 0) for k in dicts[0]}
+    """Per key, the groups' tensors joined along their first (chain or member) dimension; a
+    value that is not a tensor (a sampler's path and its reason) is kept once where every group
+    has the same, else as the list of the groups' values."""
+    out = {}
+    for k in dicts[0]:
+        values = [d[k] for d in dicts]
+        if isinstance(values[0], torch.Tensor):
+            out[k] = torch.cat(values, 0)
+        else:
+            out[k] = values[0] if all(v == values[0] for v in values) else values
+    return out

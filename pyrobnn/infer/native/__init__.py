@@ -1,0 +1,527 @@
+r"""The samplers' leaf in native code, compiled once per machine.
+
+For the common Bayesian MLP (a stack of ``nn.Linear`` layers with tanh, ReLU, GELU or sigmoid
+activations, Normal priors on the random weights, and a Gaussian with a fixed or latent noise
+scale, heteroscedastic Gaussian or categorical likelihood) the potential
+:math:`U(z) = -\log p(y \mid x, w) - \log p(w) - \log|J|` of
+:class:`~pyrobnn.infer.potential.FlatPotential` and its gradient are written out by hand in
+``mlp_kernels.cpp`` (backpropagation by hand, checked against ``torch.autograd`` in
+``tests/test_native.py``), together with the NUTS transition and the MCLMC step around them.
+Each chain runs start to end in one pass over feature-major activations, so a chain whose NUTS
+trajectory ends early costs nothing more, and groups of chains run on threads at once (ctypes
+releases the GIL during a call).
+
+**Why by hand.** Per leapfrog step of the 1-50-1 benchmark network, ``torch.compile``'s kernel
+took 27-33 us for four chains, and compiling it took 10-16 s in every run and every spawned
+process, because Inductor's cache does not store graphs with a ``while_loop``
+(``docs/benchmarks.md``). This file compiles in about 2 s with the system's C++ compiler, for every
+shape, chain count and data set at once, and the library is kept in the user's cache folder:
+a machine compiles it once.
+
+**The cache.** ``<cache>/kernels/`` (``$PYROBNN_CACHE``, default ``~/.cache/pyrobnn``) holds
+``mlp-<key>-<sha>.so`` and ``mlp-<key>.json``; the key hashes the source, the compiler's version,
+the flags and the CPU's instruction sets. Before a library is loaded, its record must name this
+key, its SHA-256 must match the record, and the file must belong to this user and not be
+writable by others; anything else (a corrupted, truncated or foreign file) is rebuilt, never
+loaded. Building writes to a temporary file and renames it into place.
+
+Models outside this family, other dtypes than float32/float64, and tensors on a GPU keep the
+``torch`` path (:func:`unsupported_reason` says why).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch import nn
+from torch.distributions import biject_to
+from torch.distributions.transforms import ExpTransform
+
+__all__ = ["NativeMLP", "unsupported_reason", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable"]
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlp_kernels.cpp")
+ABI = 1
+# -fno-trapping-math lets the compiler turn the clamps into vector selects (NaN and inf keep
+# their meaning; only floating-point exception flags may differ)
+FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17"]
+#: the first build on a machine, in seconds (measured 1.9 s on the reference machine); a guess
+#: for the budget rule until this machine has built the library once
+DEFAULT_BUILD_SECONDS = 4.0
+
+_ACTIVATIONS = {nn.Identity: 0, nn.Tanh: 1, nn.ReLU: 2, nn.GELU: 3, nn.Sigmoid: 4}
+_LIKELIHOODS = {"gaussian": 0, "gaussian_latent": 1, "exp": 2, "softplus": 3, "categorical": 4}
+
+
+class NativeUnavailable(RuntimeError):
+    """The native library could not be built or loaded (no compiler, a failed build)."""
+
+
+# ----------------------------------------------------------------------------- the library
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("num_layers", ctypes.c_int64), ("layers", ctypes.c_void_p), ("layer_prec", ctypes.c_void_p),
+        ("constants", ctypes.c_void_p), ("num_points", ctypes.c_int64), ("x_t", ctypes.c_void_p),
+        ("y_t", ctypes.c_void_p), ("labels", ctypes.c_void_p), ("likelihood", ctypes.c_int64),
+        ("target_dim", ctypes.c_int64), ("lik_a", ctypes.c_double), ("lik_b", ctypes.c_double),
+        ("noise_off", ctypes.c_int64), ("noise_prior", ctypes.c_int64), ("noise_a", ctypes.c_double),
+        ("noise_b", ctypes.c_double), ("constant", ctypes.c_double), ("dim", ctypes.c_int64),
+        ("max_width", ctypes.c_int64),
+    ]
+
+
+def _compiler():
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _compiler_version(cxx) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        return out.stdout.splitlines()[0].strip() if out.stdout else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _cpu_features() -> str:
+    """The instruction sets the build targets with ``-march=native``: the CPU's flags where the
+    system lists them, else the processor's name."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return hashlib.sha256(line.encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    return f"{platform.machine()}-{platform.processor()}"
+
+
+def library_folder() -> str:
+    """The folder that keeps the built library (``<cache>/kernels``, see the module docstring)."""
+    from pyrobnn.data import cache_dir
+
+    path = os.path.join(cache_dir(), "kernels")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _identity(cxx):
+    with open(SOURCE, "rb") as f:
+        source = f.read()
+    ident = {
+        "abi": ABI, "source_sha256": hashlib.sha256(source).hexdigest(), "compiler": _compiler_version(cxx),
+        "flags": FLAGS + ["-march=native"], "cpu": _cpu_features(), "machine": platform.machine(),
+    }
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+    return key, ident
+
+
+def _sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _trusted_file(path) -> bool:
+    """Owned by this user and writable by no one else (POSIX); always true elsewhere."""
+    if not hasattr(os, "getuid"):
+        return True
+    st = os.stat(path)
+    return st.st_uid == os.getuid() and not (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+_LOCK = threading.Lock()
+_LOADED = {}  # key -> (CDLL, info)
+
+
+def _check_entry(folder, key, ident):
+    """The library recorded for ``key``, or ``(None, why not)``."""
+    record_path = os.path.join(folder, f"mlp-{key}.json")
+    if not os.path.exists(record_path):
+        return None, "not built on this machine yet"
+    try:
+        with open(record_path) as f:
+            record = json.load(f)
+        library_path = os.path.join(folder, os.path.basename(str(record["file"])))
+        if {k: record.get(k) for k in ident} != ident:
+            return None, "the cached library was built from other sources, flags or compiler"
+        if not os.path.exists(library_path):
+            return None, "the cached library is missing"
+        if not _trusted_file(library_path) or not _trusted_file(record_path):
+            return None, "the cached library is not owned by this user or is writable by others"
+        if _sha256(library_path) != record.get("sha256"):
+            return None, "the cached library does not match its checksum (corrupted or replaced)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, "the cache record is unreadable"
+    return library_path, record
+
+
+def _build(folder, key, ident, cxx):
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
+        out = os.path.join(tmp, "lib.so")
+        errors = []
+        for arch in (["-march=native"], []):
+            cmd = [cxx, *FLAGS, *arch, SOURCE, "-o", out]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode == 0:
+                break
+            errors.append(proc.stderr.strip().splitlines()[-1:] if proc.stderr else [f"exit {proc.returncode}"])
+        else:
+            raise NativeUnavailable(f"building the native kernels failed ({cxx}): {errors}")
+        os.chmod(out, 0o755 & ~_umask() & ~0o022)  # never writable by others: _trusted_file
+        digest = _sha256(out)
+        name = f"mlp-{key}-{digest[:16]}.so"
+        os.replace(out, os.path.join(folder, name))
+        seconds = time.perf_counter() - start
+        record = dict(ident, file=name, sha256=digest, build_seconds=round(seconds, 3))
+        record_tmp = os.path.join(tmp, "record.json")
+        with open(record_tmp, "w") as f:
+            json.dump(record, f, indent=1)
+        os.chmod(record_tmp, 0o644 & ~_umask() & ~0o022)
+        os.replace(record_tmp, os.path.join(folder, f"mlp-{key}.json"))
+    return os.path.join(folder, name), record
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def is_cached() -> bool:
+    """Whether this machine's library is built and in the cache (loading it costs nothing)."""
+    cxx = _compiler()
+    if cxx is None:
+        return False
+    key, ident = _identity(cxx)
+    if key in _LOADED:
+        return True
+    return _check_entry(library_folder(), key, ident)[0] is not None
+
+
+def build_info() -> dict:
+    """What :func:`library` would do now: ``compiler`` (path or ``None``), ``cached``, and the
+    expected ``build_seconds`` (the last build's on this machine, else a default)."""
+    cxx = _compiler()
+    info = {"compiler": cxx, "cached": False, "build_seconds": DEFAULT_BUILD_SECONDS}
+    if cxx is None:
+        return info
+    info["cached"] = is_cached()
+    try:
+        for name in os.listdir(library_folder()):
+            if name.startswith("mlp-") and name.endswith(".json"):
+                with open(os.path.join(library_folder(), name)) as f:
+                    info["build_seconds"] = float(json.load(f).get("build_seconds", DEFAULT_BUILD_SECONDS))
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    return info
+
+
+def library():
+    """The loaded library and its record, ``(ctypes.CDLL, dict)``, building it first if the cache
+    has no valid entry for this machine; the record's ``"event"`` says which happened
+    (``"cached"``, ``"loaded"`` or ``"built"``, with ``"rebuilt_because"`` where an entry was
+    refused). Raises :class:`NativeUnavailable` without a compiler or if the build fails."""
+    cxx = _compiler()
+    if cxx is None:
+        raise NativeUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
+    key, ident = _identity(cxx)
+    with _LOCK:
+        if key in _LOADED:
+            lib, record = _LOADED[key]
+            return lib, dict(record, event="cached")
+        folder = library_folder()
+        path, record = _check_entry(folder, key, ident)
+        event = {"event": "loaded"}
+        if path is None:
+            event = {"event": "built"}
+            if record != "not built on this machine yet":
+                event["rebuilt_because"] = record
+            path, record = _build(folder, key, ident, cxx)
+        lib = ctypes.CDLL(path)
+        if lib.pyrobnn_kernels_abi() != ABI:
+            raise NativeUnavailable(f"{path} reports another ABI than {ABI}")
+        _declare(lib)
+        _LOADED[key] = (lib, record)
+        return lib, dict(record, **event)
+
+
+def _declare(lib):
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for suffix in ("f32", "f64"):
+        getattr(lib, f"pyrobnn_value_and_grad_{suffix}").argtypes = [p, i64, p, p, p]
+        getattr(lib, f"pyrobnn_nuts_{suffix}").argtypes = [p, i64, p, p, p, p, p, p, i64, p, p]
+        getattr(lib, f"pyrobnn_mclmc_{suffix}").argtypes = [p, i64, p, p, p, p, p, p, p, p, p, p]
+        for name in ("value_and_grad", "nuts", "mclmc"):
+            getattr(lib, f"pyrobnn_{name}_{suffix}").restype = None
+
+
+# ----------------------------------------------------------------------------- the model
+def _layers(net):
+    """``[(linear, activation module or None)]`` for a stack of Linear layers each followed by
+    at most one supported activation; ``None`` for any other network."""
+    if type(net) is nn.Linear:
+        return [[net, None]]
+    if not isinstance(net, nn.Sequential):
+        return None
+    out = []
+    for module in net:
+        if type(module) is nn.Linear:
+            out.append([module, None])
+        elif type(module) in _ACTIVATIONS and out and out[-1][1] is None:
+            if type(module) is nn.GELU and module.approximate != "none":
+                return None
+            out[-1][1] = module
+        else:
+            return None
+    return out or None
+
+
+def _is_exp(transform) -> bool:
+    """Whether ``transform`` is ``sigma = exp(u)`` (``ExpTransform``, or composed with the
+    identity affine map that ``greater_than(0)`` adds), the map the kernels assume."""
+    if isinstance(transform, ExpTransform):
+        return True
+    u = torch.tensor([-3.0, 0.0, 2.0], dtype=torch.float64)
+    try:
+        value = transform(u)
+        return bool(torch.allclose(value, u.exp()) and torch.allclose(transform.log_abs_det_jacobian(u, value), u))
+    except (NotImplementedError, RuntimeError, TypeError):
+        return False
+
+
+def _noise_prior_code(prior):
+    """``(code, a, b)`` of a supported noise-scale prior, else ``None``."""
+    d = torch.distributions
+    if prior.batch_shape != torch.Size() or not _is_exp(biject_to(prior.support)):
+        return None
+    if isinstance(prior, d.LogNormal):
+        return 0, float(prior.loc), float(prior.scale)
+    if isinstance(prior, d.HalfNormal):
+        return 1, float(prior.scale), 0.0
+    if isinstance(prior, d.HalfCauchy):
+        return 2, float(prior.scale), 0.0
+    if isinstance(prior, d.Gamma):
+        return 3, float(prior.concentration), float(prior.rate)
+    if isinstance(prior, d.Exponential):
+        return 4, float(prior.rate), 0.0
+    return None
+
+
+def unsupported_reason(model, x=None):
+    """Why the native path does not apply to ``model`` (on inputs ``x``), or ``None`` if it
+    does."""
+    from pyrobnn.likelihoods import CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
+    from pyrobnn.priors import NormalPrior
+
+    layers = _layers(model.net)
+    if layers is None:
+        return "the network is not an nn.Linear or an nn.Sequential of nn.Linear layers with tanh, ReLU, GELU or sigmoid activations"
+    if model.dtype not in (torch.float32, torch.float64):
+        return f"dtype {model.dtype} (the native kernels are float32 and float64)"
+    if model.device.type != "cpu":
+        return f"the model is on {model.device} (the native kernels run on the CPU)"
+    for site in model.sites:
+        if not isinstance(model.site_prior(site), NormalPrior):
+            return f"site {site.name!r} has a {type(model.site_prior(site)).__name__} prior (the native kernels take NormalPrior)"
+    lik = model.likelihood
+    if type(lik) is GaussianLikelihood:
+        if lik.noise_kind == "prior" and _noise_prior_code(lik.scale_prior) is None:
+            return f"the noise-scale prior {type(lik.scale_prior).__name__} (native: LogNormal, HalfNormal, HalfCauchy, Gamma, Exponential)"
+    elif type(lik) not in (HeteroscedasticGaussianLikelihood, CategoricalLikelihood):
+        return f"the likelihood {type(lik).__name__}"
+    if x is not None and (x.dim() != 2 or x.shape[1] != layers[0][0].in_features):
+        return f"inputs of shape {tuple(x.shape)} (the native kernels take (N, {layers[0][0].in_features}))"
+    return None
+
+
+class NativeMLP:
+    """The potential of ``potential`` (a :class:`~pyrobnn.infer.potential.FlatPotential` holding
+    its data) in native code: :meth:`value_and_grad`, :meth:`nuts` and :meth:`mclmc` for a batch
+    of chains, each chain group on its own thread.
+
+    :param threads: chain groups run at once (default ``torch.get_num_threads()``).
+    """
+
+    def __init__(self, potential, threads=None):
+        model, x, y = potential.model, potential.x, potential.y
+        reason = unsupported_reason(model, x)
+        if reason is not None:
+            raise ValueError(f"the native kernels do not apply: {reason}")
+        self.lib, self.record = library()
+        self.dtype = model.dtype
+        self.suffix = "f32" if self.dtype == torch.float32 else "f64"
+        self.dim = potential.dim
+        self.threads = max(1, int(threads if threads is not None else torch.get_num_threads()))
+        self._pool = None
+        starts = {name: start for name, start, _, _ in potential.blocks}
+        sites = {(id(s.module), s.param_name): s for s in model.sites}
+        rows, prec, constants, constant = [], [], [], 0.0
+        offset = 0
+        for linear, act in _layers(model.net):
+            row = [linear.in_features, linear.out_features, _ACTIVATIONS[type(act)] if act is not None else 0, -1, -2, 0, 0]
+            row_prec = [0.0, 0.0]
+            for k, name in ((0, "weight"), (1, "bias")):
+                value = getattr(linear, name)
+                if value is None:
+                    continue
+                site = sites.get((id(linear), name))
+                if site is not None:
+                    row[3 + k] = starts[site.name]
+                    scale = model.site_prior(site).site_scale(site)
+                    row_prec[k] = 1.0 / scale**2
+                    constant += site.numel * (math.log(scale) + 0.5 * math.log(2 * math.pi))
+                else:
+                    row[3 + k] = -1
+                    row[5 + k] = offset
+                    constants.append(value.detach().reshape(-1))
+                    offset += value.numel()
+            rows.append(row)
+            prec.append(row_prec)
+        self._layers = torch.tensor(rows, dtype=torch.int64)
+        self._prec = torch.tensor(prec, dtype=self.dtype)
+        self._constants = (torch.cat(constants) if constants else torch.zeros(1)).to(self.dtype).contiguous()
+        self._x_t = x.detach().to(self.dtype).T.contiguous()
+        spec = _Model()
+        spec.num_layers = len(rows)
+        spec.num_points = x.shape[0]
+        spec.dim = self.dim
+        spec.max_width = max(max(r[0], r[1]) for r in rows)
+        spec.noise_off = -1
+        lik = model.likelihood
+        from pyrobnn.likelihoods import CategoricalLikelihood, GaussianLikelihood
+
+        self._labels = torch.zeros(1, dtype=torch.int64)
+        self._y_t = torch.zeros(1, dtype=self.dtype)
+        if type(lik) is CategoricalLikelihood:
+            spec.likelihood = _LIKELIHOODS["categorical"]
+            spec.target_dim = rows[-1][1]
+            self._labels = y.detach().to(torch.int64).contiguous()
+        else:
+            self._y_t = y.detach().to(self.dtype).T.contiguous()
+            spec.target_dim = y.shape[1]
+            if type(lik) is GaussianLikelihood:
+                if lik.noise_kind == "prior":
+                    spec.likelihood = _LIKELIHOODS["gaussian_latent"]
+                    spec.noise_off = starts[lik.noise_site]
+                    spec.noise_prior, spec.noise_a, spec.noise_b = _noise_prior_code(lik.scale_prior)
+                else:
+                    spec.likelihood = _LIKELIHOODS["gaussian"]
+                    spec.lik_a = float(lik.scale())
+            else:
+                spec.likelihood = _LIKELIHOODS[lik.link]
+                spec.lik_a, spec.lik_b = lik.min_scale, lik.max_scale
+        spec.constant = constant
+        spec.layers = self._layers.data_ptr()
+        spec.layer_prec = self._prec.data_ptr()
+        spec.constants = self._constants.data_ptr()
+        spec.x_t = self._x_t.data_ptr()
+        spec.y_t = self._y_t.data_ptr()
+        spec.labels = self._labels.data_ptr()
+        self._spec = spec
+
+    # ------------------------------------------------------------------ calls
+    def _fn(self, name):
+        return getattr(self.lib, f"pyrobnn_{name}_{self.suffix}")
+
+    def _check(self, *tensors):
+        for t in tensors:
+            if t.dtype != self.dtype or t.device.type != "cpu" or not t.is_contiguous():
+                raise ValueError(f"native kernels take contiguous {self.dtype} CPU tensors, got {t.dtype} on {t.device}")
+
+    def _run(self, fn, chains, per_chain, work_per_chain):
+        """``fn(start, stop)`` over chain groups: one group per thread where the work is worth a
+        thread's start (about 20 us), else all chains in this thread."""
+        groups = min(chains, self.threads)
+        if groups <= 1 or work_per_chain * chains < 2e5:
+            fn(0, chains)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="pyrobnn-native")
+        bounds = [round(chains * k / groups) for k in range(groups + 1)]
+        futures = [self._pool.submit(fn, a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        for f in futures:
+            f.result()
+
+    def _flops(self):
+        n = self._spec.num_points
+        return n * int((self._layers[:, 0] * self._layers[:, 1]).sum())
+
+    def value_and_grad(self, z):
+        """``(U(z), dU/dz)`` for ``z`` of shape ``(chains, dim)``."""
+        z = z.detach().to(self.dtype).contiguous()
+        chains = z.shape[0]
+        u = torch.empty(chains, dtype=self.dtype)
+        g = torch.empty_like(z)
+        fn, spec, D = self._fn("value_and_grad"), ctypes.byref(self._spec), self.dim
+        size = z.element_size()
+
+        def part(a, b):
+            fn(spec, b - a, z.data_ptr() + a * D * size, u.data_ptr() + a * size, g.data_ptr() + a * D * size)
+
+        self._run(part, chains, 1, self._flops())
+        return u, g
+
+    __call__ = value_and_grad
+
+    def nuts(self, z, energy, grad, r0, inv_mass, step, max_depth, uniforms):
+        """One NUTS transition of every chain, in place on ``z``, ``energy`` and ``grad``; the
+        arguments as in :func:`pyrobnn.infer.nuts.nuts_step` with its random numbers given
+        (``r0`` the initial momenta, ``uniforms`` from
+        :func:`~pyrobnn.infer.nuts.transition_uniforms`). Returns per-chain ``(C, 4)``:
+        mean acceptance, tree depth, leapfrog steps, divergence."""
+        self._check(z, energy, grad, r0, inv_mass, step, uniforms)
+        chains = z.shape[0]
+        stats = torch.empty(chains, 4, dtype=self.dtype)
+        fn, spec, D, row = self._fn("nuts"), ctypes.byref(self._spec), self.dim, uniforms.shape[1]
+        size = z.element_size()
+
+        def part(a, b):
+            fn(spec, b - a, z.data_ptr() + a * D * size, energy.data_ptr() + a * size, grad.data_ptr() + a * D * size,
+               r0.data_ptr() + a * D * size, inv_mass.data_ptr() + a * D * size, step.data_ptr() + a * size, max_depth,
+               uniforms.data_ptr() + a * row * size, stats.data_ptr() + 4 * a * size)
+
+        self._run(part, chains, 1, self._flops() * 2 ** min(max_depth, 6))
+        return stats
+
+    def mclmc(self, z, u, energy, grad, step, L, sqrt_inv_mass, noise):
+        """One MCLMC step of every chain, in place on ``z``, ``u``, ``energy`` and ``grad``, as
+        :func:`pyrobnn.infer.mclmc.mclmc_step` (``noise``: ``(C, 3, D)``). Returns the energy
+        changes and whether each step was finite (``(C,)`` each)."""
+        self._check(z, u, energy, grad, step, L, sqrt_inv_mass, noise)
+        chains = z.shape[0]
+        d_energy = torch.empty(chains, dtype=self.dtype)
+        finite = torch.empty(chains, dtype=self.dtype)
+        fn, spec, D = self._fn("mclmc"), ctypes.byref(self._spec), self.dim
+        size = z.element_size()
+
+        def part(a, b):
+            fn(spec, b - a, z.data_ptr() + a * D * size, u.data_ptr() + a * D * size, energy.data_ptr() + a * size,
+               grad.data_ptr() + a * D * size, step.data_ptr() + a * size, L.data_ptr() + a * size,
+               sqrt_inv_mass.data_ptr() + a * D * size, noise.data_ptr() + 3 * a * D * size, d_energy.data_ptr() + a * size,
+               finite.data_ptr() + a * size)
+
+        self._run(part, chains, 1, 2 * self._flops())
+        return d_energy, finite.bool()
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None

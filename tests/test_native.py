@@ -1,0 +1,225 @@
+"""The native kernels (pyrobnn.infer.native): the hand-derived potential and gradient against
+torch.autograd, the NUTS transition and MCLMC step against the torch code on the same random
+numbers, the library cache refusing what it cannot trust, and the budget's choice of path."""
+
+import json
+import os
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import pyrobnn
+from pyrobnn.infer import native
+from pyrobnn.infer.hmc import nuts
+from pyrobnn.infer.mclmc import MCLMCState, MCLMCTuning, _Stepper
+from pyrobnn.infer.nuts import NUTSState, nuts_step
+from pyrobnn.infer.potential import FlatPotential
+
+pytestmark = pytest.mark.skipif(native.build_info()["compiler"] is None, reason="no C++ compiler: the native kernels cannot be built")
+
+F64 = torch.float64
+
+
+def t64(v):
+    return torch.tensor(v, dtype=F64)
+
+
+def likelihoods(n):
+    """(likelihood, network outputs, targets) of every kind the kernels take; noise priors with
+    float64 parameters, so that torch's reference value is exact to float64."""
+    g = torch.Generator().manual_seed(1)
+    reg1, reg2 = torch.randn(n, 1, generator=g, dtype=F64), torch.randn(n, 2, generator=g, dtype=F64)
+    return [
+        (pyrobnn.GaussianLikelihood(scale=0.3), 2, reg2),
+        (pyrobnn.GaussianLikelihood(scale=dist.LogNormal(t64(-1.0), t64(0.7))), 1, reg1),
+        (pyrobnn.GaussianLikelihood(scale=dist.HalfNormal(t64(0.7))), 1, reg1),
+        (pyrobnn.GaussianLikelihood(scale=dist.HalfCauchy(t64(0.7))), 1, reg1),
+        (pyrobnn.GaussianLikelihood(scale=dist.Gamma(t64(2.0), t64(3.0))), 1, reg1),
+        (pyrobnn.GaussianLikelihood(scale=dist.Exponential(t64(2.0))), 1, reg1),
+        (pyrobnn.HeteroscedasticGaussianLikelihood(min_scale=1e-3, max_scale=10.0, link="exp"), 4, reg2),
+        (pyrobnn.HeteroscedasticGaussianLikelihood(min_scale=1e-3), 2, reg1),
+        (pyrobnn.CategoricalLikelihood(), 4, torch.randint(0, 4, (n,), generator=g)),
+    ]
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "gelu", "sigmoid"])
+@pytest.mark.parametrize("case", range(9))
+def test_value_and_gradient_are_autograds(activation, case):
+    n = 37
+    likelihood, outputs, y = likelihoods(n)[case]
+    torch.manual_seed(case)
+    x = torch.randn(n, 3, dtype=F64)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(3, outputs, hidden=(5, 4), activation=activation).double(), likelihood,
+                                  {"0.*": pyrobnn.NormalPrior(0.8, fan_in=True), "*": pyrobnn.NormalPrior(1.3)}).eval()
+    potential = FlatPotential(model, x, y)
+    kernel = native.NativeMLP(potential)
+    z = torch.randn(3, potential.dim, dtype=F64) * 0.7
+    u_ref, g_ref = potential.value_and_grad(z)
+    u, g = kernel.value_and_grad(z)
+    torch.testing.assert_close(u, u_ref, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-9)
+
+
+def test_constant_layers_and_a_bare_linear_layer():
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 3, dtype=F64), torch.randn(20, 1, dtype=F64)
+    last = pyrobnn.BayesianModel(pyrobnn.MLP(3, 1, hidden=(6,), activation="tanh").double(), pyrobnn.GaussianLikelihood(scale=0.5),
+                                 random="last_layer")
+    bare = pyrobnn.BayesianModel(torch.nn.Linear(3, 1).double(), pyrobnn.GaussianLikelihood(scale=0.5))
+    for model in (last, bare):
+        potential = FlatPotential(model.eval(), x, y)
+        z = torch.randn(2, potential.dim, dtype=F64)
+        for a, b in zip(native.NativeMLP(potential).value_and_grad(z), potential.value_and_grad(z)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-10)
+
+
+def test_float32_agrees_to_float32_rounding():
+    """The 1-50-1 tanh network of benchmarks/hmc_speed.py in float32 (the rational tanh)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(100, 1), torch.randn(100, 1)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(50,), activation="tanh"), pyrobnn.GaussianLikelihood(scale=0.1)).eval()
+    potential = FlatPotential(model, x, y)
+    z = torch.randn(4, potential.dim) * 0.5
+    u, g = native.NativeMLP(potential).value_and_grad(z)
+    u_ref, g_ref = FlatPotential(model.double(), x.double(), y.double()).value_and_grad(z.double())
+    assert ((u.double() - u_ref).abs() / u_ref.abs()).max() < 1e-5
+    assert ((g.double() - g_ref).abs().max(-1).values / g_ref.abs().max(-1).values).max() < 1e-5
+
+
+def small_bnn(likelihood=None):
+    torch.manual_seed(3)
+    x = torch.randn(30, 2, dtype=F64)
+    y = torch.sin(2 * x[:, :1]) + 0.1 * torch.randn(30, 1, dtype=F64)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(8,), activation="tanh").double(),
+                                  likelihood or pyrobnn.GaussianLikelihood(scale=0.2)).eval()
+    return model, x, y
+
+
+def test_a_nuts_transition_is_the_torch_one():
+    """Same state, step sizes, mass matrices and generator: the native transition follows the
+    batched torch code leaf for leaf, including trees that end early inside a subtree."""
+    model, x, y = small_bnn()
+    potential = FlatPotential(model, x, y)
+    kernel = native.NativeMLP(potential)
+    z = torch.randn(6, potential.dim, dtype=F64) * 0.3
+    state = NUTSState(z, *potential.value_and_grad(z))
+    step = torch.tensor([0.002, 0.01, 0.03, 0.05, 0.1, 0.5], dtype=F64)
+    inv_mass = torch.rand(6, potential.dim, dtype=F64, generator=torch.Generator().manual_seed(2)) + 0.5
+    depths = set()
+    for seed in range(4):
+        a, sa = nuts_step(potential.value_and_grad, state, step, inv_mass, 8, torch.Generator().manual_seed(seed))
+        b, sb = nuts_step(kernel.value_and_grad, state, step, inv_mass, 8, torch.Generator().manual_seed(seed), native=kernel)
+        torch.testing.assert_close(b.z, a.z, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(b.energy, a.energy, rtol=1e-9, atol=1e-9)
+        for key in ("tree_depth", "diverging"):
+            assert torch.equal(sb[key], sa[key]), key
+        torch.testing.assert_close(sb["num_steps"], sa["num_steps"])
+        torch.testing.assert_close(sb["accept_prob"], sa["accept_prob"], rtol=1e-9, atol=1e-12)
+        depths |= set(sa["tree_depth"].tolist())
+        state = a
+    assert len(depths) > 2  # the steps cover short, long and divergent trees
+
+
+def test_an_mclmc_step_is_the_torch_one():
+    model, x, y = small_bnn(pyrobnn.GaussianLikelihood(scale=dist.LogNormal(t64(-1.5), t64(0.5))))
+    potential = FlatPotential(model, x, y)
+    kernel = native.NativeMLP(potential)
+    z = torch.randn(5, potential.dim, dtype=F64) * 0.3
+    u = torch.nn.functional.normalize(torch.randn(5, potential.dim, dtype=F64), dim=-1)
+    state = MCLMCState(z, u, *potential.value_and_grad(z))
+    # the last chain's step is far too large: non-finite, undone, with a fresh direction
+    tuning = MCLMCTuning(torch.tensor([0.01, 0.05, 0.1, 0.3, 1e6], dtype=F64), torch.full((5,), 2.0, dtype=F64),
+                         torch.rand(5, potential.dim, dtype=F64) + 0.5)
+    for _ in range(3):
+        with pyro.validation_enabled(False):  # as the samplers run it: a non-finite step is undone, not refused
+            a, da, fa = _Stepper(potential.value_and_grad, torch.Generator().manual_seed(4), False)(state, tuning)
+        b, db, fb = _Stepper(kernel.value_and_grad, torch.Generator().manual_seed(4), False, kernel)(state, tuning)
+        assert torch.equal(fa, fb)
+        for name in ("z", "u", "energy", "grad"):
+            torch.testing.assert_close(getattr(b, name), getattr(a, name), rtol=1e-9, atol=1e-10)
+        torch.testing.assert_close(db, da, rtol=1e-8, atol=1e-10)
+        state = a
+    assert not fa[-1] and fa[:-1].all()
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYROBNN_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_LOADED", {})
+    return os.path.join(str(tmp_path), "kernels")
+
+
+def _record(folder):
+    (name,) = [f for f in os.listdir(folder) if f.endswith(".json")]
+    return os.path.join(folder, name)
+
+
+def test_the_cache_is_built_once_and_refuses_what_it_cannot_trust(fresh_cache, monkeypatch):
+    _, record = native.library()
+    assert record["event"] == "built"
+    monkeypatch.setattr(native, "_LOADED", {})
+    assert native.library()[1]["event"] == "loaded"  # a second process loads, it does not build
+
+    def reload():
+        monkeypatch.setattr(native, "_LOADED", {})
+        return native.library()[1]
+
+    library = os.path.join(fresh_cache, record["file"])
+    with open(library, "r+b") as f:  # corrupted in place
+        f.seek(100)
+        f.write(b"\0garbage\0")
+    again = reload()
+    assert again["event"] == "built" and "checksum" in again["rebuilt_because"]
+
+    path = _record(fresh_cache)
+    with open(path) as f:
+        saved = json.load(f)
+    with open(path, "w") as f:  # an entry from other sources (another pyrobnn version)
+        json.dump(dict(saved, source_sha256="0" * 64), f)
+    again = reload()
+    assert again["event"] == "built" and "other sources" in again["rebuilt_because"]
+
+    os.chmod(os.path.join(fresh_cache, again["file"]), 0o777)  # writable by anyone
+    again = reload()
+    assert again["event"] == "built" and "writable by others" in again["rebuilt_because"]
+
+    with open(_record(fresh_cache), "w") as f:
+        f.write("{not json")
+    assert reload()["rebuilt_because"] == "the cache record is unreadable"
+    assert reload()["event"] == "loaded"
+
+
+def test_the_budget_picks_the_path(fresh_cache):
+    """A run too short for a build stays eager and says so; a long one builds the native
+    kernels, and the next run finds them in the cache; compile=False stays eager."""
+    model, x, y = small_bnn()
+    short = nuts(model, x, y, num_samples=2, num_warmup=2, max_tree_depth=2, num_chains=2, progress=False)
+    assert short.stats["path"] == "eager" and "less than building the native kernels" in short.stats["path_reason"]
+    assert not os.path.exists(fresh_cache) or not os.listdir(fresh_cache)
+    long = nuts(model, x, y, num_samples=5, num_warmup=5, max_tree_depth=10, num_chains=2, progress=False)
+    assert long.stats["path"] == "native" and "built the native kernels" in long.stats["path_reason"]
+    again = nuts(model, x, y, num_samples=2, num_warmup=2, max_tree_depth=2, num_chains=2, progress=False)
+    assert again.stats["path"] == "native" and "cache" in again.stats["path_reason"]
+    assert nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=2, compile=False, progress=False).stats["path"] == "eager"
+    with pytest.raises(ValueError, match="compile must be 'auto', True or False"):
+        nuts(model, x, y, compile="yes")
+
+
+def test_models_the_kernels_do_not_take_keep_the_torch_path():
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 2), torch.randn(20, 1)
+    cases = [
+        (pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(0.3), pyrobnn.ScaleMixturePrior()), "ScaleMixturePrior"),
+        (pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,), activation="elu"), pyrobnn.GaussianLikelihood(0.3)), "nn.Sequential of nn.Linear"),
+        (pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(dist.InverseGamma(2.0, 1.0))), "InverseGamma"),
+        (pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,)), pyrobnn.BernoulliLikelihood()), "BernoulliLikelihood"),
+    ]
+    for model, name in cases:
+        assert name in native.unsupported_reason(model, x)
+        target = (y > 0).float() if isinstance(model.likelihood, pyrobnn.BernoulliLikelihood) else y
+        result = nuts(model, x, target, num_samples=2, num_warmup=2, max_tree_depth=2, num_chains=2, progress=False)
+        assert result.stats["path"] == "eager" and name in result.stats["path_reason"]
+    with pytest.raises(ValueError, match="do not apply"):
+        native.NativeMLP(FlatPotential(cases[0][0], x, y))
