@@ -36,7 +36,7 @@ def parse_splits(text):
 
 
 def _compare(args) -> int:
-    from pyrobnn.compare import format_markdown, run_compare
+    from pyrobnn.compare import degenerate_warning, format_markdown, run_compare
 
     rows = run_compare(
         dataset=args.dataset,
@@ -52,6 +52,10 @@ def _compare(args) -> int:
     )
     print(format_markdown(args.dataset, rows, args.quick))
     print(f"tables, plots and the reference's diagnostics in {args.out}")
+    reference = next((r for r in rows if r.get("key") == "reference"), {})
+    if reference.get("degenerate_splits"):
+        print(degenerate_warning(reference), file=sys.stderr)
+        return 3
     return 0
 
 

@@ -234,6 +234,7 @@ def _fit_method(key, split, s, seed, progress, reference, x_grid=None, shared=No
             posterior = ensemble_sampling(model, split["x_train"], split["y_train"], ensemble, sampler, seed=seed, progress=progress, **options)
             seconds = ensemble.seconds + posterior.seconds
             extra["result"] = posterior
+            extra["ensemble"] = ensemble
     elif key in POSTERIOR_FROM_MAP:
         if "ensemble" not in shared:
             shared["ensemble"] = _ensemble(model, split, s, seed, progress)
@@ -287,16 +288,31 @@ def _posterior_from_map(key, model, split, s, seed, ensemble, progress):
     return sghmc(model, x, y, step_size="auto", friction=0.1, **options)
 
 
-def _reference_diagnostics(reference, model, result, split):
+def _reference_diagnostics(reference, model, result, split, ensemble=None):
     """Random-start NUTS: R-hat and ESS across chains; ensemble-initialized chains: each chain
-    on its own (within-chain R-hat on predictions and log density, per-chain LPPD)."""
+    on its own (within-chain R-hat on predictions and log density, per-chain LPPD). Both are
+    checked for degeneracy (:func:`pyrobnn.diagnostics.degeneracy`: noise scales collapsed onto
+    spikes at the training targets; for the ensemble-initialized references also chains whose
+    test LPPD is far below the ensemble's)."""
     from pyrobnn import diagnostics
 
     if reference == "nuts":
         idata = diagnostics.inference_data(model, result, split["x_test"], split["y_test"])
-        return diagnostics.convergence_summary(idata), idata
-    summary = diagnostics.within_chain_summary(model, result, split["x_test"], split["y_test"])
-    keep = ("worst_rhat", "median_rhat", "drifting_chains", "between_chain_rhat", "lppd_mixture", "verdict", "chains")
+        out = diagnostics.convergence_summary(idata)
+        found = diagnostics.degeneracy(model, result.samples, x_train=split["x_train"], y_train=split["y_train"])
+        out["degenerate"] = found["degenerate"]
+        if found["degenerate"]:
+            out["verdict"] = diagnostics.within_chain_summary(
+                model, result, split["x_test"], split["y_test"], x_train=split["x_train"], y_train=split["y_train"]
+            )["verdict"]
+        return out, idata
+    reference_lppd = None
+    if ensemble is not None:
+        reference_lppd = pyrobnn.predict(model, ensemble, split["x_test"], num_samples=None).log_likelihood(split["y_test"])
+    summary = diagnostics.within_chain_summary(
+        model, result, split["x_test"], split["y_test"], x_train=split["x_train"], y_train=split["y_train"], reference_lppd=reference_lppd
+    )
+    keep = ("worst_rhat", "median_rhat", "drifting_chains", "between_chain_rhat", "lppd_mixture", "verdict", "chains", "degenerate")
     out = {k: summary[k] for k in keep}
     out["per_chain_lppd"] = [float(v) for v in summary["lppd"]]
     return out, None
@@ -317,7 +333,7 @@ def _run_split(split, keys, s, seed, bar, x_grid, out_dir, first, reference="ens
         rows[key] = _score(test, y_orig, seconds)
         calibration[key] = _calibration(test, y_orig, CALIBRATION_LEVELS)
         if key == "reference":
-            summary, idata = _reference_diagnostics(reference, extra["model"], extra["result"], split)
+            summary, idata = _reference_diagnostics(reference, extra["model"], extra["result"], split, extra.get("ensemble"))
             summary["split"] = split["split"]
             rows[key].update({k: v for k, v in summary.items() if k not in ("split", "verdict", "per_chain_lppd")})
             if first:
@@ -329,7 +345,9 @@ def _run_split(split, keys, s, seed, bar, x_grid, out_dir, first, reference="ens
             grid_preds[key] = grid
         bar.update(1)
     for key in keys:
-        rows[key]["w2_to_reference"] = 0.0 if key == "reference" else predictive_w2(preds[key], preds["reference"])
+        # against a degenerate reference a distance ranks nothing: left out (NaN), see run_compare
+        degenerate = summary is not None and summary.get("degenerate")
+        rows[key]["w2_to_reference"] = math.nan if degenerate else 0.0 if key == "reference" else predictive_w2(preds[key], preds["reference"])
     return {"rows": rows, "calibration": calibration, "diagnostics": summary, "grid_preds": grid_preds}
 
 
@@ -419,6 +437,11 @@ def run_compare(
     """Run the comparison, write ``results.md``, ``results.csv``, ``results.json``, the plots
     and NUTS's diagnostics into ``out_dir``; return the summary rows.
 
+    A reference judged degenerate (:func:`pyrobnn.diagnostics.degeneracy`) on a split ranks
+    nothing there: every method's ``w2_to_reference`` on that split is NaN, the reference's row
+    carries ``degenerate_splits`` and the verdict, the tables open with a warning, and the
+    ``pyrobnn compare`` command exits with status 3.
+
     :param reference: the reference sampler: ``"ensemble-mclmc"`` (default), ``"ensemble-nuts"``
         or ``"nuts"`` (random starts).
     :param resume: reuse the splits of a UCI set that an earlier run with the same settings
@@ -465,6 +488,7 @@ def run_compare(
     finally:
         bar.close()
 
+    degenerate = [d["split"] for d in diagnostics_rows if d.get("degenerate")]
     rows = []
     for key in keys:
         label = REFERENCES[reference] if key == "reference" else METHODS[key].label
@@ -475,6 +499,9 @@ def run_compare(
             summary[f"{metric}_se"] = (values.std() / math.sqrt(len(values))).item() if len(values) > 1 else 0.0
         if key == "reference" and diagnostics_rows:
             summary.update(_reference_summary(reference, diagnostics_rows))
+            if degenerate:
+                summary["degenerate_splits"] = degenerate
+                summary["degenerate_verdict"] = next(d["verdict"] for d in diagnostics_rows if d.get("degenerate"))
         rows.append(summary)
     _write_outputs(out_dir, dataset, rows, per_split, calibration, diagnostics_rows, s, quick)
     labels = {r["key"]: r["method"] for r in rows}
@@ -508,11 +535,15 @@ def _reference_summary(reference, diagnostics_rows) -> dict:
 
 def format_markdown(dataset, rows, quick=False) -> str:
     def pm(r, k, digits=3):
+        if math.isnan(r[k]):
+            return "n/a"
         return f"{r[k]:.{digits}f} ± {r[k + '_se']:.{digits}f}" if r["splits"] > 1 else f"{r[k]:.{digits}f}"
 
-    lines = [
-        f"# pyrobnn compare: {dataset}" + (" (quick)" if quick else ""),
-        "",
+    lines = [f"# pyrobnn compare: {dataset}" + (" (quick)" if quick else ""), ""]
+    ref = next((r for r in rows if r.get("key") == "reference"), None)
+    if ref is not None and ref.get("degenerate_splits"):
+        lines += [degenerate_warning(ref), ""]
+    lines += [
         "| method | splits | test RMSE | test log-lik | 90% coverage | CRPS | W2 to reference | fit time (s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -521,7 +552,6 @@ def format_markdown(dataset, rows, quick=False) -> str:
             f"| {r['method']} | {r['splits']} | {pm(r, 'rmse')} | {pm(r, 'log_likelihood')} | {pm(r, 'coverage_90')} | "
             f"{pm(r, 'crps')} | {pm(r, 'w2_to_reference')} | {pm(r, 'seconds', 1)} |"
         )
-    ref = next((r for r in rows if r.get("key") == "reference"), None)
     if ref is not None and "max_rhat_predictions" in ref:
         converged = ref["max_rhat_predictions"] <= RHAT_CONVERGED
         lines += ["", (
@@ -549,6 +579,14 @@ def format_markdown(dataset, rows, quick=False) -> str:
         for name in pub["rmse"]:
             lines.append(f"| {name} | {pub['rmse'][name][0]:.2f} ± {pub['rmse'][name][1]:.2f} | {pub['log_likelihood'][name][0]:.2f} ± {pub['log_likelihood'][name][1]:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def degenerate_warning(reference_row) -> str:
+    """The line that opens the tables when the reference was judged degenerate."""
+    return (
+        f"**WARNING: the reference is degenerate on split(s) {reference_row['degenerate_splits']}; no method is ranked "
+        "against it there ('W2 to reference' is n/a).** " + reference_row["degenerate_verdict"]
+    )
 
 
 def diagnostics_threshold() -> float:

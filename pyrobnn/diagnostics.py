@@ -17,7 +17,7 @@ from pyro.infer import Predictive
 
 __all__ = [
     "inference_data", "svi_inference_data", "convergence_summary", "within_chain_rhat", "within_chain_summary",
-    "plot_diagnostics", "save_netcdf", "WITHIN_CHAIN_RHAT_OK",
+    "plot_diagnostics", "save_netcdf", "WITHIN_CHAIN_RHAT_OK", "degeneracy",
 ]
 
 
@@ -153,7 +153,9 @@ def within_chain_rhat(draws) -> np.ndarray:
 
 
 @torch.no_grad()
-def within_chain_summary(model, posterior, x, y=None, threshold: float = WITHIN_CHAIN_RHAT_OK) -> dict:
+def within_chain_summary(
+    model, posterior, x, y=None, threshold: float = WITHIN_CHAIN_RHAT_OK, *, x_train=None, y_train=None, reference_lppd=None
+) -> dict:
     """Diagnostics for samplers whose chains explore different regions by design (ensemble-
     initialized sampling): each chain is judged on its own.
 
@@ -166,6 +168,9 @@ def within_chain_summary(model, posterior, x, y=None, threshold: float = WITHIN_
       over the points;
     - ``between_chain_rhat``: the ordinary R-hat across chains on the predictions (large when
       the chains describe different regions; not a failure by itself here);
+    - ``degenerate`` and what it rests on (:func:`degeneracy`, with the training data
+      ``x_train, y_train`` and a sane ``reference_lppd`` such as the deep ensemble's, each where
+      given): a posterior whose chains collapse onto spikes of an unbounded likelihood;
     - ``verdict``: a plain-language reading of the above that claims only what they show.
     """
     az = _az()
@@ -186,6 +191,7 @@ def within_chain_summary(model, posterior, x, y=None, threshold: float = WITHIN_
         ess_values = np.asarray(next(iter(ess.data_vars.values())).values).reshape(chains, -1)
         out["ess_predictions"] = np.nanmin(ess_values, axis=1)
         out["between_chain_rhat"] = float(np.nanmax(az.rhat(az.convert_to_dataset(f), method="rank")["x"].values)) if chains > 1 else None
+    log_lik = None
     if y is not None:
         log_lik = arrays["log_lik"].reshape(chains, draws, -1)
         lppd = _logmeanexp(log_lik, axis=1).mean(-1)
@@ -196,8 +202,108 @@ def within_chain_summary(model, posterior, x, y=None, threshold: float = WITHIN_
     out["median_rhat"] = float(np.nanmedian(worst))
     drifting = int((worst > threshold).sum())
     out["drifting_chains"] = drifting
+    out.update(degeneracy(model, samples, log_lik=log_lik, x_train=x_train, y_train=y_train, reference_lppd=reference_lppd))
     out["verdict"] = _verdict(out, drifting, threshold)
     return out
+
+
+#: a chain whose test LPPD is this many nats per point below a sane reference's (the deep
+#: ensemble's) has collapsed: e^10 times less predictive density at every test point
+COLLAPSED_LPPD_NATS = 10.0
+#: the share of (draw, training point) pairs with the noise scale at a spike that makes a chain
+#: degenerate
+NOISE_SPIKE_SHARE = 0.05
+#: Pareto k above which an importance-sampling style average rests on a few draws (Vehtari et
+#: al. 2024, "Pareto smoothed importance sampling")
+PARETO_K_BAD = 0.7
+
+
+@torch.no_grad()
+def degeneracy(model, samples, log_lik=None, x_train=None, y_train=None, reference_lppd=None) -> dict:
+    r"""Signs that a posterior is degenerate rather than unconverged: chains collapsed onto
+    spikes of an unbounded likelihood. A Gaussian's density grows without bound as its scale
+    goes to 0, so where training targets repeat exactly (integer-valued targets, duplicated
+    rows) a heteroscedastic (or free) noise scale can shrink towards its clip at those points:
+    the chains then sit on spikes whose test densities are astronomically small wherever a
+    test target differs, and sampling longer makes it worse, not better.
+
+    - ``noise_spike_share`` (per chain; with ``x_train, y_train``): the share of training
+      points and draws whose noise scale is below ``noise_floor``: 1% of the smallest gap
+      between distinct training targets (the targets' resolution: a scale far below it claims
+      a discrete value is exact), or 1.5 times the likelihood's ``min_scale`` where that clip is
+      below a thousandth of the targets' spread (a scale at such a clip);
+    - ``collapsed_chains`` (with ``reference_lppd`` and test log-likelihoods): chains whose
+      test LPPD is more than ``COLLAPSED_LPPD_NATS`` below the reference's;
+    - ``pareto_k`` (with test log-likelihoods): per test point, the Pareto k of the draws'
+      densities :math:`p(y_n \mid \theta_s)` (ArviZ's PSIS), and ``heavy_tail_share``, the
+      share of points with k above 0.7, where the mixture's density rests on a few draws;
+    - ``targets``: whether the training targets are integer-valued and the share that repeat
+      exactly;
+    - ``degenerate``: a noise spike in any chain or a collapsed chain. Heavy tails alone do
+      not count: chains in different modes give them too.
+    """
+    out = {"degenerate": False}
+    chains, draws = next(iter(samples.values())).shape[:2]
+    if y_train is not None:
+        yt = torch.as_tensor(y_train).double().reshape(len(y_train), -1)
+        values = torch.unique(yt)
+        gaps = values.diff()
+        gap = float(gaps.min()) if gaps.numel() else 0.0
+        steps = (values - values[0]) / gap if gap > 0 else values
+        out["targets"] = {
+            "integer_valued": bool(torch.all(yt == torch.round(yt))),
+            # distinct values a whole number of the smallest gap apart: integers after z-scoring
+            "lattice": bool(gap > 0 and torch.all((steps - torch.round(steps)).abs() < 1e-3)),
+            "distinct": int(values.numel()),
+            "repeated_share": float(1.0 - torch.unique(yt, dim=0).shape[0] / yt.shape[0]),
+            "min_gap": gap,
+        }
+    spike = None
+    if x_train is not None and y_train is not None:
+        spike = _noise_spike_share(model, samples, x_train, out["targets"]["min_gap"], float(yt.std()) if yt.numel() > 1 else 1.0)
+        if spike is not None:
+            out["noise_spike_share"], out["noise_floor"] = spike
+    if log_lik is not None:
+        az = _az()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, k = az.psislw(np.moveaxis(log_lik.reshape(chains * draws, -1), 0, -1).copy())
+        out["pareto_k"] = np.asarray(k)
+        out["heavy_tail_share"] = float(np.mean(out["pareto_k"] > PARETO_K_BAD))
+        if reference_lppd is not None:
+            lppd = _logmeanexp(log_lik, axis=1).mean(-1)
+            out["reference_lppd"] = float(reference_lppd)
+            out["collapsed_chains"] = int(np.sum(lppd < reference_lppd - COLLAPSED_LPPD_NATS))
+    spiked = spike is not None and bool(np.any(spike[0] > NOISE_SPIKE_SHARE))
+    out["degenerate"] = spiked or out.get("collapsed_chains", 0) > 0
+    return out
+
+
+def _noise_spike_share(model, samples, x_train, min_gap, spread):
+    """Per chain, the share of draws and training points whose noise scale is below the floor
+    (see :func:`degeneracy`), and the floor; ``None`` for a fixed noise scale."""
+    from pyrobnn.likelihoods import GaussianLikelihood, HeteroscedasticGaussianLikelihood
+
+    lik = model.likelihood
+    chains, draws = next(iter(samples.values())).shape[:2]
+    if isinstance(lik, HeteroscedasticGaussianLikelihood):
+        flat = {k: v.reshape((chains * draws,) + v.shape[2:]) for k, v in samples.items()}
+        was = model.training
+        model.eval()
+        try:
+            out = Predictive(model, posterior_samples=flat, parallel=True, return_sites=["_RETURN"])(x_train.to(model.device))["_RETURN"]
+        finally:
+            model.train(was)
+        scale = lik.split(out)[1].reshape(chains, draws, -1)
+        floor = 0.01 * min_gap
+        if 1.5 * lik.min_scale < 1e-3 * spread:  # a clip far below the targets' spread: at it is a spike
+            floor = max(floor, 1.5 * lik.min_scale)
+    elif isinstance(lik, GaussianLikelihood) and lik.noise_kind == "prior":
+        scale = samples[lik.noise_site].reshape(chains, draws, -1)
+        floor = 0.01 * min_gap
+    else:
+        return None
+    return (scale < floor).double().mean((1, 2)).cpu().numpy(), float(floor)
 
 
 def _logmeanexp(a, axis):
@@ -208,6 +314,8 @@ def _logmeanexp(a, axis):
 def _verdict(out, drifting, threshold) -> str:
     chains = out["chains"]
     measured = "predictions and log density" if "rhat_log_density" in out else "predictions"
+    if out.get("degenerate"):
+        return _degenerate_verdict(out, drifting, threshold)
     if drifting == 0:
         text = (
             f"Each of the {chains} chains is stationary on its own: the worst within-chain R-hat on the "
@@ -219,12 +327,70 @@ def _verdict(out, drifting, threshold) -> str:
                 f" Across chains R-hat is {between:.2f}: the chains are each stationary but describe different "
                 "regions of the posterior, and the predictive is their mixture."
             )
-        return text
+        return text + _heavy_tail_note(out)
     return (
         f"{drifting} of {chains} chains are not stationary yet: their within-chain R-hat on the {measured} "
         f"exceeds {threshold} (worst {out['worst_rhat']:.3f}). Their draws still depend on where they started; "
         "sample longer before reading the mixture as the posterior."
+    ) + _heavy_tail_note(out)
+
+
+def _heavy_tail_note(out) -> str:
+    share = out.get("heavy_tail_share")
+    if not share:
+        return ""
+    return (
+        f" At {100 * share:.0f}% of the test points the mixture's predictive density rests on a few draws "
+        f"(Pareto k above {PARETO_K_BAD}, worst {np.max(out['pareto_k']):.2f}): its LPPD there is noisy."
     )
+
+
+def _degenerate_verdict(out, drifting, threshold) -> str:
+    chains = out["chains"]
+    signs = []
+    if "noise_spike_share" in out and np.any(out["noise_spike_share"] > NOISE_SPIKE_SHARE):
+        share = out["noise_spike_share"]
+        signs.append(
+            f"in {int(np.sum(share > NOISE_SPIKE_SHARE))} of {chains} chains the noise scale is below {out['noise_floor']:.2g} "
+            f"at up to {100 * float(np.max(share)):.0f}% of the training points and draws"
+        )
+    if out.get("collapsed_chains"):
+        lppd = out.get("lppd")
+        worst = f" (lowest {float(np.min(lppd)):.4g})" if lppd is not None else ""
+        signs.append(
+            f"{out['collapsed_chains']} of {chains} chains have a test LPPD more than {COLLAPSED_LPPD_NATS:.0f} nats per point "
+            f"below the reference's {out['reference_lppd']:.3f}{worst}"
+        )
+    if out.get("heavy_tail_share"):
+        signs.append(
+            f"at {100 * out['heavy_tail_share']:.0f}% of the test points the mixture's density rests on a few draws "
+            f"(Pareto k above {PARETO_K_BAD}, worst {np.max(out['pareto_k']):.3g})"
+        )
+    targets = out.get("targets")
+    cause = "an unbounded likelihood: a Gaussian's density grows without limit as its scale goes to 0"
+    floor = "a tenth of the targets' resolution"
+    if targets is not None and (targets["integer_valued"] or targets["lattice"] or targets["repeated_share"] > 0):
+        if targets["integer_valued"]:
+            what = "integer-valued"
+        elif targets["lattice"]:
+            what = f"discrete ({targets['distinct']} values, {targets['min_gap']:.3g} apart: integers before standardizing)"
+        else:
+            what = "real-valued"
+        cause += (
+            f", and the training targets are {what} with {100 * targets['repeated_share']:.0f}% of them repeating exactly, "
+            "so the chains collapse onto spikes at repeated targets"
+        )
+        if targets["min_gap"] > 0:
+            floor = f"min_scale={0.1 * targets['min_gap']:.2g} in these units, a tenth of the targets' resolution"
+    text = (
+        f"Degenerate posterior: {'; '.join(signs)}. The likely cause is {cause}. This is not a shortage of samples: "
+        "sampling longer deepens the spikes, and the mixture's LPPD becomes a lottery over a few draws. Remedies: a floor "
+        f"on the noise scale (HeteroscedasticGaussianLikelihood({floor})), a homoscedastic or a discrete likelihood for "
+        "discrete targets, or jitter on the targets (uniform within their resolution)."
+    )
+    if drifting:
+        text += f" ({drifting} of {chains} chains also exceed a within-chain R-hat of {threshold}, as chains sliding into spikes do.)"
+    return text
 
 
 def plot_diagnostics(idata, out_dir: str, prefix: str = "nuts", num_points: int = 4) -> list:

@@ -11,7 +11,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(args, tmp_path):
-    out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    # a guard against a hang, not a speed test (benchmarks/ time things): a busy machine may be
+    # many times slower than an idle one
+    out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -95,7 +97,10 @@ def test_uci_sampling_benchmark_quick(tmp_path, shared_data_dir):
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["yacht/MCLMC/lppd"] > summary["yacht/DE/lppd"] and summary["yacht/NUTS/lppd"] > summary["yacht/DE/lppd"]
     assert summary["mclmc_worst_within_chain_rhat"] >= 1.0 and "nuts_vs_mclmc_time" in summary
-    assert (tmp_path / "records" / "yacht-1-quick.json").exists()
+    # --quick runs twice, with empty kernel caches and then with the first run's
+    assert "nuts_vs_mclmc_time_cold" in summary
+    for name in ("cold", "warm"):
+        assert (tmp_path / "records" / name / "yacht-1-quick.json").exists()
 
 
 @pytest.mark.slow

@@ -128,3 +128,25 @@ def test_cli_reports_an_unusable_output_path_in_one_line(tmp_path, capsys):
     assert main(["demo", "--out", str(blocker / "sub"), "--epochs", "1", "--samples", "2", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pyrobnn demo: error: ") and str(blocker) in err and "Traceback" not in err
+
+
+def test_compare_refuses_to_rank_against_a_degenerate_reference(tmp_path, monkeypatch, capsys):
+    """A reference the diagnostics judge degenerate ranks nothing: the distances to it are n/a,
+    the tables open with the warning and its verdict, and the command exits with status 3."""
+    from pyrobnn.cli import main
+    real = compare._reference_diagnostics
+
+    def degenerate(*args, **kwargs):
+        out, idata = real(*args, **kwargs)
+        return dict(out, degenerate=True, verdict="Degenerate posterior: (judged so for this test)"), idata
+
+    monkeypatch.setattr(compare, "_reference_diagnostics", degenerate)
+    out = tmp_path / "cmp"
+    assert main(["compare", "--quick", "--methods", "ensemble", "--out", str(out), "--quiet"]) == 3
+    captured = capsys.readouterr()
+    assert "WARNING: the reference is degenerate on split(s) [0]" in captured.err
+    table = (out / "results.md").read_text()
+    assert table.splitlines()[2].startswith("**WARNING") and "(judged so for this test)" in table
+    rows = {r["key"]: r for r in json.load(open(out / "results.json"))["summary"]}
+    assert math.isnan(rows["ensemble"]["w2_to_reference"]) and "| n/a |" in table
+    assert rows["reference"]["degenerate_splits"] == [0]

@@ -219,3 +219,42 @@ def test_chains_in_two_processes_are_the_groups_run_alone():
         assert split.stats["path"] == "eager"
     with pytest.raises(ValueError, match="num_processes must be a positive integer"):
         nuts(model, x, y, num_processes=0)
+
+
+def integer_target_problem():
+    """Twelve inputs, each repeated eight times with the same integer target (standardized), and
+    test targets one unit off at every other input: a heteroscedastic Gaussian's density is
+    unbounded at the repeated targets."""
+    xs = torch.linspace(-1, 1, 12)
+    x = xs.repeat_interleave(8).unsqueeze(-1)
+    y = torch.round(2 * torch.sin(3 * x))
+    x_test = xs.unsqueeze(-1)
+    y_test = torch.round(2 * torch.sin(3 * x_test)) + torch.tensor([1.0, 0.0] * 6).unsqueeze(-1)
+    mean, std = y.mean(), y.std()
+    return x, (y - mean) / std, x_test, (y_test - mean) / std
+
+
+@pytest.mark.parametrize("min_scale", [1e-6, 0.07])
+def test_a_degenerate_posterior_is_named_with_its_cause_not_called_unconverged(min_scale):
+    """MILE's model (clip 1e-6) on integer targets: chains slide onto spikes at the repeated
+    targets and their test LPPD falls far below the ensemble's; the verdict names the cause and
+    the remedies and does not advise sampling longer. With a noise floor of a tenth of the
+    targets' resolution (0.07 here) the same run is not degenerate."""
+    x, y, x_test, y_test = integer_target_problem()
+    torch.manual_seed(0)
+    likelihood = pyrobnn.HeteroscedasticGaussianLikelihood(min_scale=min_scale, max_scale=1e6, link="exp")
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 2, hidden=(16, 16), activation="relu"), likelihood)
+    ensemble = deep_ensemble(model, x, y, 4, objective="likelihood", lr=1e-2, max_epochs=300, batch_size=None, seed=0, progress=False)
+    reference = pyrobnn.predict(model, ensemble, x_test, num_samples=None).log_likelihood(y_test)
+    result = ensemble_sampling(model, x, y, ensemble, "mclmc", num_samples=2000, num_warmup=(2000, 300, 300), thinning=10, seed=0, progress=False)
+    summary = diagnostics.within_chain_summary(model, result, x_test, y_test, x_train=x, y_train=y, reference_lppd=reference)
+    assert summary["targets"]["lattice"] and summary["targets"]["repeated_share"] > 0.9
+    if min_scale == 1e-6:
+        assert summary["degenerate"]
+        assert summary["collapsed_chains"] >= 2 and summary["lppd"].min() < reference - 100
+        verdict = summary["verdict"]
+        assert verdict.startswith("Degenerate posterior") and "repeating exactly" in verdict
+        assert "min_scale=0.073" in verdict and "sample longer" not in verdict
+    else:
+        assert not summary["degenerate"] and summary["collapsed_chains"] == 0
+        assert not summary["verdict"].startswith("Degenerate")
