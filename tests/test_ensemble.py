@@ -234,7 +234,7 @@ def integer_target_problem():
     return x, (y - mean) / std, x_test, (y_test - mean) / std
 
 
-@pytest.mark.parametrize("min_scale", [1e-6, 0.07])
+@pytest.mark.parametrize("min_scale", [1e-6, pytest.param(0.07, marks=pytest.mark.slow)])
 def test_a_degenerate_posterior_is_named_with_its_cause_not_called_unconverged(min_scale):
     """MILE's model (clip 1e-6) on integer targets: chains slide onto spikes at the repeated
     targets and their test LPPD falls far below the ensemble's; the verdict names the cause and

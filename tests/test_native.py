@@ -223,3 +223,8 @@ def test_models_the_kernels_do_not_take_keep_the_torch_path():
         assert result.stats["path"] == "eager" and name in result.stats["path_reason"]
     with pytest.raises(ValueError, match="do not apply"):
         native.NativeMLP(FlatPotential(cases[0][0], x, y))
+    classifier = pyrobnn.BayesianModel(pyrobnn.MLP(2, 3, hidden=(4,)), pyrobnn.CategoricalLikelihood())
+    potential = FlatPotential(classifier, x, torch.zeros(20, dtype=torch.long))
+    potential.y = torch.full((20,), 3)  # past the checks FlatPotential makes: the kernels refuse it themselves
+    with pytest.raises(ValueError, match=r"class labels in \[0, 3\)"):
+        native.NativeMLP(potential)

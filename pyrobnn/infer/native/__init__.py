@@ -413,7 +413,9 @@ class NativeMLP:
         if type(lik) is CategoricalLikelihood:
             spec.likelihood = _LIKELIHOODS["categorical"]
             spec.target_dim = rows[-1][1]
-            self._labels = y.detach().to(torch.int64).contiguous()
+            self._labels = y.detach().to(torch.int64).reshape(-1).contiguous()
+            if self._labels.numel() != x.shape[0] or (self._labels.numel() and not (0 <= int(self._labels.min()) and int(self._labels.max()) < spec.target_dim)):
+                raise ValueError(f"y must hold {x.shape[0]} class labels in [0, {spec.target_dim}) for the native kernels")
         else:
             self._y_t = y.detach().to(self.dtype).T.contiguous()
             spec.target_dim = y.shape[1]
