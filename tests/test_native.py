@@ -228,3 +228,21 @@ def test_models_the_kernels_do_not_take_keep_the_torch_path():
     potential.y = torch.full((20,), 3)  # past the checks FlatPotential makes: the kernels refuse it themselves
     with pytest.raises(ValueError, match=r"class labels in \[0, 3\)"):
         native.NativeMLP(potential)
+
+
+def test_mclmc_on_a_large_network_with_many_chains_takes_the_batched_compiled_path():
+    """MILE-sized networks: MCLMC's lockstep chains run in Inductor's batched products when the
+    run is long enough to pay for compiling; a short run, few chains, and NUTS stay native."""
+    from pyrobnn.infer.budget import choose_path
+
+    torch.manual_seed(0)
+    x, y = torch.randn(800, 8), torch.randn(800, 1)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(8, 2, hidden=(16, 16)), pyrobnn.HeteroscedasticGaussianLikelihood(link="exp")).eval()
+    potential = FlatPotential(model, x, y)
+    assert native.multiply_adds(model, x) == 800 * (8 * 16 + 16 * 16 + 16 * 2)
+    z12 = torch.randn(12, potential.dim) * 0.1
+    path = choose_path(potential, z12, "auto", "MCLMC", 2 * 60_000)
+    assert path.kind == "torch.compile" and "lockstep" in path.reason
+    assert choose_path(potential, z12, "auto", "MCLMC", 20).kind == "native"  # too short to pay for compiling; the library is built
+    assert choose_path(potential, z12, "auto", "NUTS", 2 * 60_000).kind == "native"
+    assert choose_path(potential, z12[:4], "auto", "MCLMC", 2 * 60_000).kind == "native"

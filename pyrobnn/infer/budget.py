@@ -42,6 +42,12 @@ EAGER_OVERHEAD_SECONDS = {"NUTS": 2.5e-4, "MCLMC": 1.5e-4}
 #: the compiled torch path against the eager one, per evaluation (conservative: 20-40x measured
 #: on the 1-50-1 network at 4 chains)
 COMPILED_SPEEDUP = 10.0
+#: multiply-adds per chain and evaluation (points x sum of in x out over the layers) from which
+#: MCLMC with at least LOCKSTEP_CHAINS chains runs faster in Inductor's batched matrix products
+#: than in the native per-chain loops: MILE's protocol on concrete (300k) took 176 s native on
+#: two threads against 96 s compiled on one; yacht (83k) is faster native (docs/benchmarks.md).
+#: NUTS stays native: its chains build trees of different lengths, which lockstep would pay for.
+LARGE_MACS, LOCKSTEP_CHAINS = 150_000, 8
 
 
 @dataclass
@@ -88,6 +94,15 @@ def choose_path(potential, z0, compile, sampler: str, evaluations: int, bound: b
     eager = None
     if compile == "auto":
         eager = _eager_seconds_per_evaluation(potential, z0, sampler) * evaluations
+    if reason is None and sampler == "MCLMC" and z0.shape[0] >= LOCKSTEP_CHAINS:
+        macs = native_kernels.multiply_adds(potential.model, potential.x)
+        if macs >= LARGE_MACS and (compile is True or eager > COMPILE_SECONDS[sampler] + eager / COMPILED_SPEEDUP):
+            return ExecutionPath(
+                "torch.compile",
+                f"MCLMC moves {z0.shape[0]} chains in lockstep on a network of {macs:,} multiply-adds per chain and "
+                f"evaluation: Inductor's batched matrix products beat the native per-chain loops there"
+                + (f"; {many}: about {eager:.0f} s eagerly" if eager is not None else ""),
+            )
     if reason is None:
         if compile is True or info["cached"] or eager > info["build_seconds"]:
             try:

@@ -50,7 +50,7 @@ from torch import nn
 from torch.distributions import biject_to
 from torch.distributions.transforms import ExpTransform
 
-__all__ = ["NativeMLP", "unsupported_reason", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable"]
+__all__ = ["NativeMLP", "unsupported_reason", "multiply_adds", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable"]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlp_kernels.cpp")
 ABI = 1
@@ -323,6 +323,12 @@ def _noise_prior_code(prior):
     if isinstance(prior, d.Exponential):
         return 4, float(prior.rate), 0.0
     return None
+
+
+def multiply_adds(model, x) -> int:
+    """Multiply-adds of one forward pass of a supported network on ``x``: points times the sum
+    of in x out over the linear layers."""
+    return int(x.shape[0]) * sum(linear.in_features * linear.out_features for linear, _ in _layers(model.net))
 
 
 def unsupported_reason(model, x=None):
