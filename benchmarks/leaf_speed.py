@@ -89,6 +89,7 @@ def jax_worker(spec_path):
     """Child process: the same potentials in JAX, timed the same way; prints a JSON list."""
     import jax
     import jax.numpy as jnp
+    import uci_sampling
 
     with open(spec_path) as f:
         specs = json.load(f)
@@ -96,22 +97,7 @@ def jax_worker(spec_path):
     for spec in specs:
         x, y = jnp.asarray(spec["x"], dtype=jnp.float32), jnp.asarray(spec["y"], dtype=jnp.float32)[:, 0]
         layout = [(a, b, tuple(shape)) for a, b, shape in spec["layout"]]
-        act = jnp.tanh if spec["activation"] == "tanh" else jax.nn.relu
-        hetero = spec["hetero"]
-
-        def logdensity(z):
-            h = x
-            params = [z[a:b].reshape(shape) for a, b, shape in layout]
-            for i in range(0, len(params), 2):
-                h = h @ params[i].T + params[i + 1]
-                if i + 2 < len(params):
-                    h = act(h)
-            if hetero:
-                loc, scale = h[:, 0], jnp.clip(jnp.exp(h[:, 1]), 1e-6, 1e6)
-            else:
-                loc, scale = h[:, 0], 0.1
-            log_lik = jnp.sum(-0.5 * ((y - loc) / scale) ** 2 - jnp.log(scale))
-            return log_lik - 0.5 * jnp.sum(z**2)
+        logdensity = uci_sampling.jax_logdensity(x, y, layout, spec["activation"], noise=None if spec["hetero"] else 0.1)
 
         grad = jax.jit(jax.vmap(jax.value_and_grad(logdensity)))
         for chains in CHAINS:

@@ -125,10 +125,40 @@ def blackjax_mclmc(potential, z0, s, seed):
         layout = np.array([[start, stop] for _, start, stop, _ in potential.blocks])
         shapes = json.dumps([list(shape) for _, _, _, shape in potential.blocks])
         np.savez(job, x=potential.x.numpy(), y=potential.y.numpy()[:, 0], z0=z0.numpy(), layout=layout, shapes=shapes,
-                 warmup=np.array(s["warmup"]), samples=s["samples"], thinning=s["thinning"], seed=seed)
+                 warmup=np.array(s["warmup"]), samples=s["samples"], thinning=s["thinning"], seed=seed,
+                 min_scale=potential.model.likelihood.min_scale)
         subprocess.run([sys.executable, os.path.abspath(__file__), "--blackjax-worker", job], check=True)
         with np.load(os.path.join(tmp, "out.npz")) as out:
             return torch.as_tensor(out["draws"].copy(), dtype=torch.float32), float(out["seconds"])
+
+
+def jax_logdensity(x, y, layout, activation="relu", noise=None, min_scale=1e-6, max_scale=1e6):
+    """The log density of ``mile_model`` (or of ``hmc_speed``'s model) in JAX, for a flat
+    parameter vector laid out as ``FlatPotential`` lays it (``layout``: ``(start, stop, shape)``
+    per weight and bias, layer by layer): N(0, 1) priors, and a Gaussian likelihood with the
+    fixed scale ``noise``, or (``noise=None``) the heteroscedastic output whose second column is a
+    log-scale clipped to ``[min_scale, max_scale]``."""
+    import jax
+    import jax.numpy as jnp
+
+    act = jnp.tanh if activation == "tanh" else jax.nn.relu
+    dim = max(b for _, b, _ in layout)
+
+    def logdensity(z):
+        h = x
+        params = [z[a:b].reshape(shape) for a, b, shape in layout]
+        for i in range(0, len(params), 2):
+            h = h @ params[i].T + params[i + 1]
+            if i + 2 < len(params):
+                h = act(h)
+        if noise is None:
+            loc, scale = h[:, 0], jnp.clip(jnp.exp(h[:, 1]), min_scale, max_scale)
+        else:
+            loc, scale = h[:, 0], noise
+        log_lik = jnp.sum(-0.5 * ((y - loc) / scale) ** 2 - jnp.log(scale) - 0.5 * math.log(2 * math.pi))
+        return log_lik - 0.5 * jnp.sum(z**2) - 0.5 * dim * math.log(2 * math.pi)
+
+    return logdensity
 
 
 def blackjax_worker(job):
@@ -147,16 +177,7 @@ def blackjax_worker(job):
     z0 = jnp.asarray(spec["z0"])
     dim = z0.shape[1]
 
-    def logdensity(z):
-        h = x
-        params = [z[a:b].reshape(shape) for a, b, shape in layout]
-        for i in range(0, len(params), 2):
-            h = h @ params[i].T + params[i + 1]
-            if i + 2 < len(params):
-                h = jax.nn.relu(h)
-        loc, scale = h[:, 0], jnp.clip(jnp.exp(h[:, 1]), 1e-6, 1e6)
-        log_lik = jnp.sum(-0.5 * ((y - loc) / scale) ** 2 - jnp.log(scale) - 0.5 * math.log(2 * math.pi))
-        return log_lik - 0.5 * jnp.sum(z**2) - 0.5 * dim * math.log(2 * math.pi)
+    logdensity = jax_logdensity(x, y, layout, min_scale=float(spec["min_scale"]))
 
     total = n1 + n2 + n3
     kernel = blackjax.mcmc.mclmc.build_kernel(integrator=blackjax.mcmc.integrators.isokinetic_mclachlan)

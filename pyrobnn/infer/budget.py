@@ -92,7 +92,8 @@ def choose_path(potential, z0, compile, sampler: str, evaluations: int, bound: b
         reason = "no C++ compiler was found"
     many = f"{'at most ' if bound else ''}{evaluations:,} gradient evaluations per chain"
     eager = None
-    if compile == "auto":
+    if compile == "auto" and not (reason is None and info["cached"] and z0.shape[0] < LOCKSTEP_CHAINS):
+        # timed only where it decides something (a cached native library needs no estimate)
         eager = _eager_seconds_per_evaluation(potential, z0, sampler) * evaluations
     if reason is None and sampler == "MCLMC" and z0.shape[0] >= LOCKSTEP_CHAINS:
         macs = native_kernels.multiply_adds(potential.model, potential.x)
@@ -127,6 +128,8 @@ def choose_path(potential, z0, compile, sampler: str, evaluations: int, bound: b
     if compile is True:
         return ExecutionPath("torch.compile", f"compile=True; the native kernels do not apply: {reason}")
     startup = COMPILE_SECONDS[sampler]
+    if eager is None:  # the cached library was refused or failed to load
+        eager = _eager_seconds_per_evaluation(potential, z0, sampler) * evaluations
     if eager > startup + eager / COMPILED_SPEEDUP:
         return ExecutionPath("torch.compile", f"the native kernels do not apply ({reason}); {many}: about {eager:.0f} s eagerly, more than compiling (about {startup:.0f} s)")
     return ExecutionPath("eager", f"the native kernels do not apply ({reason}); {many}: about {eager:.1f} s eagerly, less than compiling (about {startup:.0f} s)")

@@ -32,6 +32,7 @@ Models outside this family, other dtypes than float32/float64, and tensors on a 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import math
@@ -119,8 +120,9 @@ def library_folder() -> str:
     return path
 
 
-def _identity(cxx):
-    with open(SOURCE, "rb") as f:
+@functools.lru_cache(maxsize=None)
+def _identity(cxx, source=None):
+    with open(source or SOURCE, "rb") as f:
         source = f.read()
     ident = {
         "abi": ABI, "source_sha256": hashlib.sha256(source).hexdigest(), "compiler": _compiler_version(cxx),
@@ -210,7 +212,7 @@ def is_cached() -> bool:
     cxx = _compiler()
     if cxx is None:
         return False
-    key, ident = _identity(cxx)
+    key, ident = _identity(cxx, SOURCE)
     if key in _LOADED:
         return True
     return _check_entry(library_folder(), key, ident)[0] is not None
@@ -242,7 +244,7 @@ def library():
     cxx = _compiler()
     if cxx is None:
         raise NativeUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
-    key, ident = _identity(cxx)
+    key, ident = _identity(cxx, SOURCE)
     with _LOCK:
         if key in _LOADED:
             lib, record = _LOADED[key]
@@ -444,6 +446,7 @@ class NativeMLP:
         spec.y_t = self._y_t.data_ptr()
         spec.labels = self._labels.data_ptr()
         self._spec = spec
+        self._work = multiply_adds(model, x)  # per chain and evaluation: decides the threading
 
     # ------------------------------------------------------------------ calls
     def _fn(self, name):
@@ -454,7 +457,7 @@ class NativeMLP:
             if t.dtype != self.dtype or t.device.type != "cpu" or not t.is_contiguous():
                 raise ValueError(f"native kernels take contiguous {self.dtype} CPU tensors, got {t.dtype} on {t.device}")
 
-    def _run(self, fn, chains, per_chain, work_per_chain):
+    def _run(self, fn, chains, work_per_chain):
         """``fn(start, stop)`` over chain groups: one group per thread where the work is worth a
         thread's start (about 20 us), else all chains in this thread."""
         groups = min(chains, self.threads)
@@ -468,10 +471,6 @@ class NativeMLP:
         for f in futures:
             f.result()
 
-    def _flops(self):
-        n = self._spec.num_points
-        return n * int((self._layers[:, 0] * self._layers[:, 1]).sum())
-
     def value_and_grad(self, z):
         """``(U(z), dU/dz)`` for ``z`` of shape ``(chains, dim)``."""
         z = z.detach().to(self.dtype).contiguous()
@@ -484,7 +483,7 @@ class NativeMLP:
         def part(a, b):
             fn(spec, b - a, z.data_ptr() + a * D * size, u.data_ptr() + a * size, g.data_ptr() + a * D * size)
 
-        self._run(part, chains, 1, self._flops())
+        self._run(part, chains, self._work)
         return u, g
 
     __call__ = value_and_grad
@@ -506,7 +505,7 @@ class NativeMLP:
                r0.data_ptr() + a * D * size, inv_mass.data_ptr() + a * D * size, step.data_ptr() + a * size, max_depth,
                uniforms.data_ptr() + a * row * size, stats.data_ptr() + 4 * a * size)
 
-        self._run(part, chains, 1, self._flops() * 2 ** min(max_depth, 6))
+        self._run(part, chains, self._work * 2 ** min(max_depth, 6))
         return stats
 
     def mclmc(self, z, u, energy, grad, step, L, sqrt_inv_mass, noise):
@@ -526,7 +525,7 @@ class NativeMLP:
                sqrt_inv_mass.data_ptr() + a * D * size, noise.data_ptr() + 3 * a * D * size, d_energy.data_ptr() + a * size,
                finite.data_ptr() + a * size)
 
-        self._run(part, chains, 1, 2 * self._flops())
+        self._run(part, chains, 2 * self._work)
         return d_energy, finite.bool()
 
     def close(self):
