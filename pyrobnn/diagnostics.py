@@ -242,6 +242,7 @@ def degeneracy(model, samples, log_lik=None, x_train=None, y_train=None, referen
     - ``degenerate``: a noise spike in any chain or a collapsed chain. Heavy tails alone do
       not count: chains in different modes give them too.
     """
+    _check_degeneracy_inputs(x_train, y_train, reference_lppd)
     out = {"degenerate": False}
     chains, draws = next(iter(samples.values())).shape[:2]
     if y_train is not None:
@@ -277,6 +278,22 @@ def degeneracy(model, samples, log_lik=None, x_train=None, y_train=None, referen
     spiked = spike is not None and bool(np.any(spike[0] > NOISE_SPIKE_SHARE))
     out["degenerate"] = spiked or out.get("collapsed_chains", 0) > 0
     return out
+
+
+def _check_degeneracy_inputs(x_train, y_train, reference_lppd):
+    if (x_train is None) != (y_train is None):
+        raise ValueError("x_train and y_train go together: give both (the training data) or neither")
+    if x_train is not None:
+        for name, value in (("x_train", x_train), ("y_train", y_train)):
+            if not isinstance(value, torch.Tensor) or value.numel() == 0:
+                raise ValueError(f"{name} must be a non-empty tensor, got {type(value).__name__}"
+                                 + (" of no elements" if isinstance(value, torch.Tensor) else ""))
+            if value.is_floating_point() and not torch.isfinite(value).all():
+                raise ValueError(f"{name} holds NaN or infinite values")
+        if x_train.shape[0] != y_train.shape[0]:
+            raise ValueError(f"x_train has {x_train.shape[0]} rows and y_train {y_train.shape[0]}: they must be the same points")
+    if reference_lppd is not None and not (isinstance(reference_lppd, (int, float)) and np.isfinite(reference_lppd)):
+        raise ValueError(f"reference_lppd must be a finite number (a test LPPD), got {reference_lppd!r}")
 
 
 def _noise_spike_share(model, samples, x_train, min_gap, spread):

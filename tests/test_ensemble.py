@@ -258,3 +258,17 @@ def test_a_degenerate_posterior_is_named_with_its_cause_not_called_unconverged(m
     else:
         assert not summary["degenerate"] and summary["collapsed_chains"] == 0
         assert not summary["verdict"].startswith("Degenerate")
+
+
+def test_degeneracy_refuses_training_data_it_cannot_read():
+    model, x, y = small_problem()
+    samples = {s.name: torch.zeros((1, 2) + s.shape, dtype=torch.float64) for s in model.sites}
+    for kwargs, message in (
+        (dict(x_train=x), "x_train and y_train go together"),
+        (dict(x_train=x, y_train=y[:3]), "must be the same points"),
+        (dict(x_train=x[:0], y_train=y[:0]), "x_train must be a non-empty tensor"),
+        (dict(x_train=x, y_train=torch.full_like(y, float("nan"))), "y_train holds NaN"),
+        (dict(reference_lppd=float("inf")), "reference_lppd must be a finite number"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            diagnostics.degeneracy(model, samples, **kwargs)
