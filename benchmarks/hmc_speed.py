@@ -36,7 +36,7 @@ import torch
 
 import pyrobnn
 from pyrobnn.data import blundell_regression
-from pyrobnn.infer.hmc import nuts, pyro_nuts
+from pyrobnn.infer.mcmc.samplers import nuts, pyro_nuts
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -7,7 +7,7 @@ per chain, at 1, 4, 16 and 64 chains, for each of our paths and for JAX/XLA.
 Models: the 1-50-1 tanh network of ``hmc_speed.py`` (100 points) and MILE's 16-16 ReLU network
 with a heteroscedastic output on 215 points (yacht's training part), float32. Paths:
 
-- ``native``: :mod:`pyrobnn.infer.native` (the hand-derived kernels), one call for all chains;
+- ``native``: :mod:`pyrobnn.infer.mcmc.native` (the hand-derived kernels), one call for all chains;
 - ``compiled``: ``FlatPotential.value_and_grad_functional`` under ``torch.compile`` (the torch
   path the samplers compile; the compilation time is printed beside);
 - ``eager``: ``FlatPotential.value_and_grad`` (autograd, op by op);
@@ -62,7 +62,7 @@ def best_time(fn, z, repeats):
 def torch_rows(quick):
     import pyro
 
-    from pyrobnn.infer import native
+    from pyrobnn.infer.mcmc import native
     from pyrobnn.infer.potential import FlatPotential
 
     rows = []

@@ -35,10 +35,10 @@ import torch
 import pyrobnn
 from pyrobnn.calibration import TemperatureScaling
 from pyrobnn.data import mnist
-from pyrobnn.infer.ensemble import deep_ensemble
-from pyrobnn.infer.laplace import laplace
+from pyrobnn.infer.modes.ensemble import deep_ensemble
+from pyrobnn.infer.modes.laplace import laplace
 from pyrobnn.infer.sgmcmc import sghmc, sgld
-from pyrobnn.infer.swag import swag
+from pyrobnn.infer.modes.swag import swag
 from pyrobnn.io import atomic_write_text, record_results
 from pyrobnn.metrics import brier_score, ood_auroc
 from pyrobnn.plotting import plot_reliability_diagram, save_figure

@@ -55,8 +55,9 @@ import torch
 import pyrobnn
 from pyrobnn import diagnostics
 from pyrobnn.data import uci_shuffled
-from pyrobnn.infer.ensemble import deep_ensemble
-from pyrobnn.infer.hmc import MCMCResult, mclmc, nuts
+from pyrobnn.infer.modes.ensemble import deep_ensemble
+from pyrobnn.infer.mcmc import mclmc, nuts
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.io import atomic_write_text, record_results
 
@@ -104,7 +105,7 @@ def prefix_rhat(model, result, split, fractions=(0.2, 0.4, 0.6, 0.8, 1.0)):
     out = {}
     for frac in fractions:
         n = max(8, int(round(frac * result.num_draws)))
-        part = MCMCResult({k: v[:, :n] for k, v in result.samples.items()}, {"energy": result.stats["energy"][:, :n]})
+        part = Posterior({k: v[:, :n] for k, v in result.samples.items()}, {"energy": result.stats["energy"][:, :n]})
         out[n] = diagnostics.within_chain_summary(model, part, split.x_test)["worst_rhat"]
     return out
 
@@ -217,7 +218,7 @@ def as_result(potential, draws, seconds, method):
     chains, n, dim = draws.shape
     values = potential.unpack(draws.reshape(chains * n, dim))
     energy = potential(draws.reshape(chains * n, dim)).reshape(chains, n)
-    return MCMCResult({k: v.reshape((chains, n) + v.shape[1:]) for k, v in values.items()}, {"energy": energy}, seconds, method)
+    return Posterior({k: v.reshape((chains, n) + v.shape[1:]) for k, v in values.items()}, {"energy": energy}, seconds, method)
 
 
 # ------------------------------------------------------------------------------ one data set

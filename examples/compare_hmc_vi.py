@@ -22,7 +22,7 @@ import pyrobnn
 from pyrobnn import diagnostics
 from pyrobnn.compare import predictive_w2
 from pyrobnn.data import gap_regression
-from pyrobnn.infer.hmc import nuts
+from pyrobnn.infer.mcmc.samplers import nuts
 from pyrobnn.plotting import plot_regression_1d, save_figure
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -18,10 +18,11 @@ from pyrobnn.guides import (
     VariationalDropout,
 )
 from pyrobnn.infer import KLAnnealing, SplitELBO, SVITrainer, fit
-from pyrobnn.infer.ensemble import deep_ensemble, ensemble_sampling
-from pyrobnn.infer.laplace import laplace
+from pyrobnn.infer.mcmc import ensemble_sampling, mclmc, nuts, pyro_nuts
+from pyrobnn.infer.modes import deep_ensemble, laplace, swag
+from pyrobnn.infer.posterior import Posterior, load_posterior
 from pyrobnn.infer.sgmcmc import sghmc, sgld
-from pyrobnn.infer.swag import swag
+from pyrobnn.infer.variational import VariationalPosterior
 from pyrobnn.calibration import TemperatureScaling
 from pyrobnn.io import load, save
 from pyrobnn.likelihoods import (
@@ -31,7 +32,7 @@ from pyrobnn.likelihoods import (
     HeteroscedasticGaussianLikelihood,
 )
 from pyrobnn.models import MLP, BayesianModel, LeNet5, LeNet300100
-from pyrobnn.predict import predict
+from pyrobnn.predictive import predict
 from pyrobnn.priors import ARDPrior, LogUniformPrior, NormalPrior, ScaleMixturePrior
 
 __version__ = "0.1.0"
@@ -60,6 +61,9 @@ __all__ = [
     "SplitELBO",
     "KLAnnealing",
     "predict",
+    "nuts",
+    "mclmc",
+    "pyro_nuts",
     "deep_ensemble",
     "ensemble_sampling",
     "laplace",
@@ -72,13 +76,16 @@ __all__ = [
     "per_example_weights",
     "save",
     "load",
+    "Posterior",
+    "VariationalPosterior",
+    "load_posterior",
     "SVIModule",
     "EnsembleModule",
     "EndProcessGroup",
 ]
 
 # Lightning takes seconds to import: its classes load on first use
-_LAZY = {name: "pyrobnn.infer.lightning_modules" for name in ("SVIModule", "EnsembleModule", "EndProcessGroup")}
+_LAZY = {name: "pyrobnn.infer.lightning" for name in ("SVIModule", "EnsembleModule", "EndProcessGroup")}
 
 
 def __getattr__(name):

@@ -15,8 +15,10 @@ import numpy as np
 import torch
 from pyro.infer import Predictive
 
+from pyrobnn.infer.posterior import Posterior
+
 __all__ = [
-    "inference_data", "svi_inference_data", "convergence_summary", "within_chain_rhat", "within_chain_summary",
+    "inference_data", "convergence_summary", "within_chain_rhat", "between_chain_rhat", "within_chain_summary",
     "plot_diagnostics", "save_netcdf", "WITHIN_CHAIN_RHAT_OK", "degeneracy",
 ]
 
@@ -50,7 +52,7 @@ def _predictive_arrays(model, flat_samples, x, y, chains, draws):
 
 def inference_data(model, posterior, x, y=None, observed=True):
     """An ``arviz.InferenceData`` for posterior samples of ``model`` (an
-    :class:`~pyrobnn.infer.hmc.MCMCResult`, or a dict ``{site: (chains, draws, *shape)}``):
+    :class:`~pyrobnn.infer.posterior.Posterior`, or a dict ``{site: (chains, draws, *shape)}``):
 
     - ``posterior``: every latent site, and ``f``, the network's output at ``x``;
     - ``posterior_predictive``: ``obs``, targets simulated at ``x``;
@@ -58,7 +60,7 @@ def inference_data(model, posterior, x, y=None, observed=True):
     - ``observed_data``: ``obs`` = ``y``.
     """
     az = _az()
-    samples = posterior.samples if hasattr(posterior, "samples") else posterior
+    samples = posterior.samples if isinstance(posterior, Posterior) else posterior
     chains, draws = next(iter(samples.values())).shape[:2]
     flat = {k: v.reshape((chains * draws,) + v.shape[2:]) for k, v in samples.items()}
     arrays = _predictive_arrays(model, flat, x, y, chains, draws)
@@ -72,7 +74,7 @@ def inference_data(model, posterior, x, y=None, observed=True):
         groups["log_likelihood"] = {"obs": arrays["log_lik"]}
         if observed:
             groups["observed_data"] = {"obs": _squeeze_output(y.double().cpu().numpy()[None, None])[0, 0]}
-    stats = getattr(posterior, "stats", None) or {}
+    stats = posterior.stats if isinstance(posterior, Posterior) else {}
     sample_stats = {}
     if "diverging" in stats:
         sample_stats["diverging"] = stats["diverging"].cpu().numpy()
@@ -91,15 +93,6 @@ def inference_data(model, posterior, x, y=None, observed=True):
 def _squeeze_output(a):
     # (chains, draws, N, 1) -> (chains, draws, N) for one-dimensional targets
     return a[..., 0] if a.ndim >= 4 and a.shape[-1] == 1 else a
-
-
-@torch.no_grad()
-def svi_inference_data(model, guide, x, y=None, num_samples: int = 1000):
-    """``inference_data`` for draws from a guide (one chain of ``num_samples`` draws)."""
-    sites = [s.name for s in model.sites] + list(model.likelihood.latent_sites())
-    draws = Predictive(guide, num_samples=num_samples, parallel=True)(x, y)
-    samples = {k: draws[k].unsqueeze(0) for k in sites}
-    return inference_data(model, samples, x, y)
 
 
 def convergence_summary(idata) -> dict:
@@ -152,6 +145,16 @@ def within_chain_rhat(draws) -> np.ndarray:
     return values.reshape((chains,) + rest)
 
 
+def between_chain_rhat(draws) -> float:
+    """Rank-normalized split R-hat (Vehtari et al. 2021) across the chains of ``draws``
+    (``(chains, draws)``, e.g. the log density at each draw): near 1 when the chains agree."""
+    az = _az()
+    a = np.asarray(draws.detach().cpu().double().numpy() if isinstance(draws, torch.Tensor) else draws, dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(az.rhat(az.convert_to_dataset(a[..., None]), method="rank")["x"].values.max())
+
+
 @torch.no_grad()
 def within_chain_summary(
     model, posterior, x, y=None, threshold: float = WITHIN_CHAIN_RHAT_OK, *, x_train=None, y_train=None, reference_lppd=None
@@ -174,14 +177,14 @@ def within_chain_summary(
     - ``verdict``: a plain-language reading of the above that claims only what they show.
     """
     az = _az()
-    samples = posterior.samples if hasattr(posterior, "samples") else posterior
+    samples = posterior.samples if isinstance(posterior, Posterior) else posterior
     chains, draws = next(iter(samples.values())).shape[:2]
     flat = {k: v.reshape((chains * draws,) + v.shape[2:]) for k, v in samples.items()}
     arrays = _predictive_arrays(model, flat, x, y, chains, draws)
     f = arrays["f"].reshape(chains, draws, -1)
     rhat_f = within_chain_rhat(f)
     out = {"chains": chains, "draws": draws, "rhat_predictions": np.nanmax(rhat_f, axis=1)}
-    stats = getattr(posterior, "stats", None) or {}
+    stats = posterior.stats if isinstance(posterior, Posterior) else {}
     energy = stats.get("energy")
     if energy is not None and energy.shape[1] >= 8:
         out["rhat_log_density"] = within_chain_rhat(energy)

@@ -134,7 +134,6 @@ def expected_calibration_error(probs: torch.Tensor, y: torch.Tensor, num_bins: i
     confidence, predicted = probs.max(-1)
     correct = (predicted == y).to(probs.dtype)
     bins = torch.clamp((confidence * num_bins).long(), max=num_bins - 1)
-    total = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add_(0, bins, torch.ones_like(confidence))
     conf_sum = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add_(0, bins, confidence)
     acc_sum = torch.zeros(num_bins, dtype=probs.dtype, device=probs.device).index_add_(0, bins, correct)
     return ((conf_sum - acc_sum).abs().sum() / confidence.numel()).item()

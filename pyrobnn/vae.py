@@ -31,7 +31,7 @@ from pyro.infer import Trace_ELBO
 from torch import nn
 from tqdm.auto import tqdm
 
-from pyrobnn.infer.fit import History
+from pyrobnn.infer.svi.trainer import History
 from pyrobnn.io import atomic_save, safe_load
 
 __all__ = ["VAE", "fit_vae", "importance_log_likelihood", "elbo_per_example"]
@@ -168,7 +168,7 @@ def fit_vae(
         every minibatch (dynamic binarization, as in Burda et al.'s protocol).
     :param checkpoint: file written atomically after every epoch; with ``resume`` the run
         continues from it and gives the same result as an uninterrupted run.
-    :returns: the :class:`~pyrobnn.infer.fit.History`; ``history.loss`` is the negative
+    :returns: the :class:`~pyrobnn.infer.svi.trainer.History`; ``history.loss`` is the negative
         ELBO per image.
     """
     _check_images(x)

@@ -27,6 +27,8 @@ __all__ = [
     "check_forward",
     "expected_input",
     "check_same_placement",
+    "validate_training_data",
+    "check_samplable",
 ]
 
 
@@ -199,3 +201,36 @@ def check_same_placement(weights: torch.Tensor, guide) -> None:
                 f"the guide's parameters are {p.dtype} on {p.device} but the model's weights are "
                 f"{weights.dtype} on {weights.device}: move both, e.g. model.to(device); guide.to(device)"
             )
+
+
+def validate_training_data(model, x, y):
+    """Convert and check ``x, y`` once, over the whole data set: types, dtypes, lengths,
+    finite values, target shapes and label ranges. Returns the tensors (floating targets in the
+    model's dtype)."""
+    x = as_tensor(x, "x")
+    model.check_x(x)
+    check_finite(x, "x")
+    if y is None:
+        raise ValueError("y is required for training")
+    y = as_tensor(y, "y")
+    if y.dim() == 0 or y.shape[0] != x.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} examples but y has shape {tuple(y.shape)}")
+    check_finite(y, "y")
+    if y.is_floating_point() and y.dtype != model.dtype:
+        y = y.to(model.dtype)  # float64 targets for a float32 network, as fit always allowed
+    output_shape = check_forward(model.net, x.to(model.device))
+    if len(output_shape) != 2:
+        raise ValueError(f"the network must output (N, D); it gave shape {tuple(output_shape)}")
+    y_checked = model.likelihood.check_targets(y, (x.shape[0], output_shape[-1]))
+    model.likelihood.check_target_values(y_checked, output_shape[-1])
+    return x, y
+
+
+def check_samplable(model):
+    """Refuse a model with point parameters in its likelihood: the samplers, ensembles, Laplace
+    and SWAG move latent sites only."""
+    if any(True for _ in model.likelihood.parameters()):
+        raise ValueError(
+            "MCMC samples latent sites only: give the likelihood a fixed noise scale or a prior "
+            "(GaussianLikelihood(scale=0.1) or scale=dist.LogNormal(...)), not scale='learned'"
+        )

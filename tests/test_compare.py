@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pyrobnn import compare
+from pyrobnn.compare import runner as compare
 
 
 def _yacht(shared_data_dir):

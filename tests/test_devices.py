@@ -100,9 +100,9 @@ def test_samplers_and_baselines_run_on_cuda_and_return_draws_there(method):
     model = mlp_model().cuda()
     x, y = x.cuda(), y.cuda()
     if method == "nuts":
-        result = pyrobnn.infer.hmc.nuts(model, x, y, num_samples=20, num_warmup=20, num_chains=2, progress=False)
+        result = pyrobnn.infer.mcmc.samplers.nuts(model, x, y, num_samples=20, num_warmup=20, num_chains=2, progress=False)
     elif method == "mclmc":
-        result = pyrobnn.infer.hmc.mclmc(model, x, y, num_samples=100, num_warmup=(100, 50, 50), num_chains=2, progress=False)
+        result = pyrobnn.infer.mcmc.samplers.mclmc(model, x, y, num_samples=100, num_warmup=(100, 50, 50), num_chains=2, progress=False)
     elif method == "deep_ensemble":
         result = pyrobnn.deep_ensemble(model, x, y, num_members=3, max_epochs=5, progress=False)
     elif method == "laplace":

@@ -10,7 +10,8 @@ import torch
 
 import pyrobnn
 from pyrobnn import diagnostics
-from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble, ensemble_sampling, member_initializations, train_members
+from pyrobnn.infer.mcmc import ensemble_sampling
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble, member_initializations, train_members
 from pyrobnn.infer.potential import FlatPotential
 from test_conjugate import bayesian_linear_model, conjugate_problem
 
@@ -63,7 +64,7 @@ def test_map_member_of_the_conjugate_model_is_the_exact_posterior_mean():
 def test_an_ensemble_predicts_the_equal_weight_mixture_everywhere():
     model, x, y = small_problem()
     ensemble = deep_ensemble(model, x, y, num_members=4, validation=0.2, lr=1e-2, max_epochs=40, progress=False)
-    assert isinstance(ensemble, EnsembleResult) and ensemble.num_members == 4
+    assert isinstance(ensemble, EnsemblePosterior) and ensemble.num_members == 4
     assert ensemble.samples["0.weight"].shape == (4, 1, 8, 2)
     # by hand: each member's network, then the mixture of their Gaussians
     locs = []
@@ -91,7 +92,7 @@ def test_early_stopping_keeps_each_members_best_validation_state():
 def test_ensemble_initialized_chains_start_at_the_members():
     """The samplers' starting positions are exactly the members (packed to unconstrained
     vectors), one chain per member, for MCLMC and NUTS alike."""
-    from pyrobnn.infer.hmc import initial_positions
+    from pyrobnn.infer.mcmc import initial_positions
 
     model, x, y = small_problem()
     ensemble = deep_ensemble(model, x, y, num_members=3, lr=1e-2, max_epochs=20, progress=False)
@@ -147,7 +148,7 @@ def test_within_chain_summary_reads_stationary_chains_in_different_places():
     centres = torch.randn(2, 1, potential.dim, generator=g, dtype=torch.float64)
     z = centres + 0.01 * torch.randn(2, 400, potential.dim, generator=g, dtype=torch.float64)
     values = potential.unpack(z.reshape(800, -1))
-    result = pyrobnn.infer.hmc.MCMCResult({k: v.reshape((2, 400) + v.shape[1:]) for k, v in values.items()})
+    result = pyrobnn.infer.posterior.Posterior({k: v.reshape((2, 400) + v.shape[1:]) for k, v in values.items()})
     summary = diagnostics.within_chain_summary(model, result, x, y)
     assert summary["worst_rhat"] < 1.1 and summary["drifting_chains"] == 0
     assert summary["between_chain_rhat"] > 1.1
@@ -197,7 +198,7 @@ def test_members_trained_in_two_processes_follow_their_one_process_paths():
 def test_chains_in_two_processes_are_the_groups_run_alone():
     """NUTS and MCLMC with num_processes=2: the starting positions are the one-process ones and
     group i is exactly the sampler run on its chains with the seed seed + i."""
-    from pyrobnn.infer.hmc import initial_positions, mclmc, nuts
+    from pyrobnn.infer.mcmc import initial_positions, mclmc, nuts
 
     _, x, y = small_problem()
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ from pyrobnn.guides.base import site_key
 from pyrobnn.guides.mean_field import mean_field_normal_terms
 from pyrobnn.guides.variational_dropout import sparse_vd_terms
 from pyrobnn.infer import SplitELBO
-from pyrobnn.infer.flat import FlatELBO
+from pyrobnn.infer.svi.trace_free import TraceFreeELBO
 from pyrobnn.kl import base_distribution
 
 CASES = {
@@ -45,7 +45,7 @@ def test_flat_equals_traced_with_weight_sampling(case, kl, noise_prior):
     if kl == "monte_carlo" and case in ("mcdropout-normal", "concrete-normal"):
         pass  # their pseudo-density makes the MC KL exact as well: still comparable
     model, guide, x, y = build(case, noise_prior)
-    flat = FlatELBO(model, guide, kl=kl)
+    flat = TraceFreeELBO(model, guide, kl=kl)
     for seed in (0, 1):
         pyro.set_rng_seed(seed)
         a = SplitELBO(kl).terms(model, guide, x, y, dataset_size=100)
@@ -67,7 +67,7 @@ def test_flat_equals_traced_with_weight_sampling(case, kl, noise_prior):
 @pytest.mark.parametrize("case", ["meanfield-normal", "sparsevd-loguniform", "mcdropout-normal"])
 def test_flat_agrees_with_traced_under_estimators(case, estimator):
     model, guide, x, y = build(case)
-    flat = FlatELBO(model, guide, kl="analytic", estimator=ESTIMATORS[estimator]())
+    flat = TraceFreeELBO(model, guide, kl="analytic", estimator=ESTIMATORS[estimator]())
     with torch.no_grad():
         traced = []
         for _ in range(300):

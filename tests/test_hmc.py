@@ -12,7 +12,7 @@ from pyro.infer import Predictive
 from pyro.infer.mcmc.util import initialize_model
 
 import pyrobnn
-from pyrobnn.infer.hmc import nuts, pyro_nuts
+from pyrobnn.infer.mcmc.samplers import nuts, pyro_nuts
 from pyrobnn.infer.potential import FlatPotential
 from test_conjugate import bayesian_linear_model, conjugate_problem
 
@@ -83,6 +83,7 @@ def test_flat_potential_equals_pyros_potential():
         assert energies[c].item() == pytest.approx(potential_fn(params).item(), rel=1e-10)
 
 
+@pytest.mark.slow  # about 25-45 s: a statistical check, run by .ci/run's -m slow
 def test_fast_path_and_pyro_mcmc_agree_on_a_small_bnn():
     """Both samplers with trees capped at depth 5 (a valid MCMC kernel; at the default depth 10
     Pyro's NUTS takes a quarter of an hour on this posterior, whose trajectories never turn

@@ -16,7 +16,7 @@ from pyro.infer import Predictive
 from torch import nn
 
 import pyrobnn
-from pyrobnn.infer.laplace import laplace
+from pyrobnn.infer.modes.laplace import laplace
 from test_conjugate import NOISE, PRIOR, bayesian_linear_model, conjugate_problem
 
 

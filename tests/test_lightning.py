@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import pyrobnn
 from pyrobnn.infer import SVITrainer
-from pyrobnn.infer.ensemble import member_initializations
-from pyrobnn.infer.lightning_modules import EndProcessGroup, EnsembleModule, SVIModule
-from pyrobnn.infer.objective import trainable_parameters
+from pyrobnn.infer.modes.ensemble import member_initializations
+from pyrobnn.infer.lightning.modules import EndProcessGroup, EnsembleModule, SVIModule
+from pyrobnn.infer.svi.objective import trainable_parameters
 from pyrobnn.infer.potential import FlatPotential
 from test_training import regression_data
 

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from pyrobnn.infer.autocorrelation import effective_sample_size
-from pyrobnn.infer.hmc import mclmc
-from pyrobnn.infer.mclmc import mclmc_init, mclmc_step, sample_mclmc
+from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
+from pyrobnn.infer.mcmc.samplers import mclmc
+from pyrobnn.infer.mcmc.mclmc_kernel import mclmc_init, mclmc_step, sample_mclmc
 from test_conjugate import bayesian_linear_model, conjugate_problem
 from test_hmc import check_exact_posterior
 

@@ -1,4 +1,4 @@
-"""The native kernels (pyrobnn.infer.native): the hand-derived potential and gradient against
+"""The native kernels (pyrobnn.infer.mcmc.native): the hand-derived potential and gradient against
 torch.autograd, the NUTS transition and MCLMC step against the torch code on the same random
 numbers, the library cache refusing what it cannot trust, and the budget's choice of path."""
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer import native
-from pyrobnn.infer.hmc import nuts
-from pyrobnn.infer.mclmc import MCLMCState, MCLMCTuning, _Stepper
-from pyrobnn.infer.nuts import NUTSState, nuts_step
+from pyrobnn.infer.mcmc import native
+from pyrobnn.infer.mcmc.samplers import nuts
+from pyrobnn.infer.mcmc.mclmc_kernel import MCLMCState, MCLMCTuning, _Stepper
+from pyrobnn.infer.mcmc.nuts_kernel import NUTSState, nuts_step
 from pyrobnn.infer.potential import FlatPotential
 
 pytestmark = pytest.mark.skipif(native.build_info()["compiler"] is None, reason="no C++ compiler: the native kernels cannot be built")
@@ -233,7 +233,7 @@ def test_models_the_kernels_do_not_take_keep_the_torch_path():
 def test_mclmc_on_a_large_network_with_many_chains_takes_the_batched_compiled_path():
     """MILE-sized networks: MCLMC's lockstep chains run in Inductor's batched products when the
     run is long enough to pay for compiling; a short run, few chains, and NUTS stay native."""
-    from pyrobnn.infer.budget import choose_path
+    from pyrobnn.infer.mcmc.budget import choose_path
 
     torch.manual_seed(0)
     x, y = torch.randn(800, 8), torch.randn(800, 1)

@@ -91,6 +91,7 @@ def test_minibatch_gradients_average_to_the_full_gradient():
     assert torch.allclose(full, -grad, rtol=1e-10, atol=1e-8)
 
 
+@pytest.mark.slow  # about 25-45 s: a statistical check, run by .ci/run's -m slow
 def test_sgld_on_the_conjugate_model_recovers_the_posterior_mean():
     X, y, mean, precision = conjugate_problem()
     model = bayesian_linear_model()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer.swag import swag, swag_moments
+from pyrobnn.infer.modes.swag import swag, swag_moments
 
 
 def test_swag_covariance_is_the_diagonal_plus_low_rank_formula():

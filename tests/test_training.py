@@ -218,6 +218,7 @@ def test_noise_with_a_prior_is_a_latent_site_with_a_posterior():
     assert pred.aleatoric_std.mean().item() == pytest.approx(samples.pow(2).mean().sqrt().item(), rel=0.03)
 
 
+@pytest.mark.slow  # about 25-45 s: a statistical check, run by .ci/run's -m slow
 def test_ard_prior_variance_reaches_its_empirical_bayes_optimum_by_monte_carlo():
     """With a Monte Carlo KL the ARD prior's variances are learned point parameters; with the
     posterior held fixed, maximizing the ELBO over them must give lambda = mu^2 + sigma^2, the

@@ -86,7 +86,7 @@ class WeightGuide(nn.Module):
         """A pure function and its tensor arguments computing ``(loc, scale, kl_sum)`` of a
         Gaussian factor (``loc`` equal to :meth:`posterior_mean_of`) together with its KL against
         ``prior`` (the site's prior, batch shape ``site.shape``), or ``None`` where this
-        guide has no such form for the pair. :class:`~pyrobnn.infer.flat.FlatELBO` uses it
+        guide has no such form for the pair. :class:`~pyrobnn.infer.svi.trace_free.TraceFreeELBO` uses it
         to compute a layer's moments and KL in one pass, compiled when asked; the function
         must equal :meth:`posterior` and the registered KL (the tests check that)."""
         return None

@@ -13,7 +13,7 @@ def largest_curvature(potential, z, iterations: int = 50, generator=None) -> tor
     Gradient methods are stable only for step sizes below a constant over it (SGLD on a
     Gaussian: :math:`\epsilon \lambda_{\max} < 4`; SGD with momentum :math:`\beta` on the
     per-point loss: :math:`\text{lr}\, \lambda_{\max} / N < 2(1 + \beta)`): the ``"auto"``
-    step sizes of :mod:`pyrobnn.infer.sgmcmc` and :mod:`pyrobnn.infer.swag` are set from it."""
+    step sizes of :mod:`pyrobnn.infer.sgmcmc` and :mod:`pyrobnn.infer.modes.swag` are set from it."""
     v = torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device)
     v = v / v.norm(dim=-1, keepdim=True)
     estimate = torch.zeros(z.shape[0], dtype=z.dtype, device=z.device)

@@ -14,80 +14,20 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
-from pyrobnn.infer.objective import SVIObjective, trainable_parameters
+from pyrobnn.infer.svi.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
+from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.io import atomic_save, safe_load
 from pyrobnn.validation import (
     as_tensor,
-    check_finite,
     check_forward,
     check_positive_int,
     check_positive_number,
     check_same_placement,
+    validate_training_data,
 )
 
-__all__ = [
-    "fit",
-    "SVITrainer",
-    "History",
-    "KLAnnealing",
-    "NonFiniteLossError",
-    "InvalidBatchError",
-    "StepFailures",
-    "validate_training_data",
-]
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss or its gradient was NaN or infinite. No update from the failed step on was
-    applied; :attr:`step` and :attr:`epoch` say where, and the message says whether the
-    parameters themselves are finite."""
-
-    def __init__(self, message, step: int, epoch: int):
-        super().__init__(message)
-        self.step = step
-        self.epoch = epoch
-
-
-class InvalidBatchError(ValueError):
-    """A training batch held NaN or infinite values or targets the likelihood refuses, found on
-    the device without stopping the step; no update from that step on was applied.
-    :attr:`step` and :attr:`epoch` say where."""
-
-    def __init__(self, message, step: int, epoch: int):
-        super().__init__(message)
-        self.step = step
-        self.epoch = epoch
-
-
-class KLAnnealing:
-    r"""KL warm-up: the weight :math:`\beta` of the KL in the loss is 0 until epoch ``start``,
-    then rises linearly to 1 at epoch ``end`` (fractional epochs, updated every step).
-    Molchanov et al. 2017 use ``KLAnnealing(5, 20)`` for sparse variational dropout."""
-
-    def __init__(self, start: float = 0.0, end: float = 0.0):
-        if not (math.isfinite(start) and math.isfinite(end)) or end < start or start < 0:
-            raise ValueError(f"KL annealing needs 0 <= start <= end, got {start}, {end}")
-        self.start, self.end = float(start), float(end)
-
-    def __call__(self, epoch: float) -> float:
-        if epoch >= self.end:
-            return 1.0
-        if epoch < self.start:
-            return 0.0
-        return (epoch - self.start) / (self.end - self.start)
-
-    def __repr__(self):
-        return f"KLAnnealing(start={self.start}, end={self.end})"
-
-
-def make_kl_schedule(kl_annealing, objective):
-    """``None``, a :class:`KLAnnealing` or a ``(start, end)`` pair (or any function of the
-    fractional epoch) as the KL weight's schedule, refused for ELBOs that do not split."""
-    if isinstance(kl_annealing, tuple):
-        kl_annealing = KLAnnealing(*kl_annealing)
-    if kl_annealing is not None and not objective.splits:
-        raise ValueError("KL annealing needs pyrobnn's SplitELBO (elbo='trace' or 'meanfield')")
-    return kl_annealing
+__all__ = ["fit", "SVITrainer", "History", "default_optimizer"]
 
 
 @dataclass
@@ -130,29 +70,6 @@ def _check_same_tensors(what, current: dict, saved: dict) -> None:
         raise ValueError(f"the saved {what} state has {k} of shape {tuple(saved[k].shape)}, this {what} {tuple(current[k].shape)}")
 
 
-def validate_training_data(model, x, y):
-    """Convert and check ``x, y`` once, over the whole data set: types, dtypes, lengths,
-    finite values, target shapes and label ranges. Returns the tensors (floating targets in the
-    model's dtype)."""
-    x = as_tensor(x, "x")
-    model.check_x(x)
-    check_finite(x, "x")
-    if y is None:
-        raise ValueError("y is required for training")
-    y = as_tensor(y, "y")
-    if y.dim() == 0 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"x has {x.shape[0]} examples but y has shape {tuple(y.shape)}")
-    check_finite(y, "y")
-    if y.is_floating_point() and y.dtype != model.dtype:
-        y = y.to(model.dtype)  # float64 targets for a float32 network, as fit always allowed
-    output_shape = check_forward(model.net, x.to(model.device))
-    if len(output_shape) != 2:
-        raise ValueError(f"the network must output (N, D); it gave shape {tuple(output_shape)}")
-    y_checked = model.likelihood.check_targets(y, (x.shape[0], output_shape[-1]))
-    model.likelihood.check_target_values(y_checked, output_shape[-1])
-    return x, y
-
-
 def _batches(loader_or_tensors, batch_size, generator):
     if isinstance(loader_or_tensors, tuple):
         x, y = loader_or_tensors
@@ -179,109 +96,17 @@ def default_optimizer(params, lr):
     return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
-class StepFailures:
-    """The first failed training step since the last check, recorded on the device without a
-    host synchronization: a batch with bad values, a non-finite loss, or a non-finite gradient.
-    :attr:`failed` is a 0-d boolean tensor that a fused optimizer takes as ``found_inf`` (the
-    update is skipped, and so is every later one until :meth:`raise_if_any`), so the parameters
-    stay those from before the first failed step."""
-
-    CAUSES = ("data", "loss", "gradient")
-
-    def __init__(self):
-        self._f = None
-
-    @property
-    def failed(self):
-        return self._f["failed"] if self._f is not None else None
-
-    def record(self, step: int, epoch: int, bad_data, bad_loss, bad_grad, value) -> None:
-        """Note step ``step`` as failed where any of the 0-d flags is set (``bad_data`` may be
-        ``None``: not checked); ``value`` is its loss."""
-        f = self._f
-        device = value.device
-        if f is None or f["failed"].device != device:
-            f = self._f = {
-                "failed": torch.zeros((), dtype=torch.bool, device=device),
-                "step": torch.zeros((), dtype=torch.long, device=device),
-                "epoch": torch.zeros((), dtype=torch.long, device=device),
-                "cause": torch.zeros((), dtype=torch.long, device=device),
-                "value": torch.zeros((), dtype=value.dtype, device=device),
-            }
-        if bad_data is None:
-            bad_data = torch.zeros_like(bad_loss)
-        bad = bad_data | bad_loss | bad_grad
-        first = bad & ~f["failed"]
-        cause = torch.where(bad_data, 0, torch.where(bad_loss, 1, 2))
-        f["step"] = torch.where(first, step, f["step"])
-        f["epoch"] = torch.where(first, epoch, f["epoch"])
-        f["cause"] = torch.where(first, cause, f["cause"])
-        f["value"] = torch.where(first, value.to(f["value"].dtype), f["value"])
-        f["failed"] = f["failed"] | bad
-
-    def any(self) -> bool:
-        """Whether a step failed since the last check (a host synchronization)."""
-        return self._f is not None and bool(self._f["failed"])
-
-    def raise_if_any(self, params) -> None:
-        """Raise :class:`InvalidBatchError` or :class:`NonFiniteLossError` for the first failed
-        step since the last check, saying whether ``params`` are finite; then forget it."""
-        if not self.any():
-            return
-        f, self._f = self._f, None
-        step, epoch = int(f["step"]), int(f["epoch"])
-        cause = self.CAUSES[int(f["cause"])]
-        if cause == "data":
-            what = (
-                f"the batch of step {step} (epoch {epoch}) holds NaN or infinite values in x or y, "
-                "or targets the likelihood refuses (class labels outside [0, outputs), Bernoulli "
-                "targets other than 0 and 1)"
-            )
-        elif cause == "loss":
-            what = f"the loss is {float(f['value'])} at step {step} (epoch {epoch})"
-        else:
-            what = f"the gradient is not finite at step {step} (epoch {epoch}) although the loss is"
-        if all(bool(torch.isfinite(p).all()) for p in params):
-            where = f"the parameters are those from before step {step} (no later update was applied)"
-        else:
-            where = (
-                f"no update from step {step} on was applied, but the parameters were already not "
-                "finite: an earlier update overflowed"
-            )
-        if cause == "data":
-            raise InvalidBatchError(f"{what}; {where}.", step, epoch)
-        raise NonFiniteLossError(
-            f"{what}; {where}. Lower the learning rate, check the data, or clip gradients (clip_grad_norm=...).",
-            step,
-            epoch,
-        )
-
-
-def skips_on_device(optimizer) -> bool:
-    """Whether ``optimizer`` can skip a step on a flag held on the device (PyTorch's fused Adam,
-    AdamW and SGD take ``found_inf``, as under ``GradScaler``)."""
-    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)) and bool(optimizer.defaults.get("fused"))
-
-
-def grads_not_finite(params):
-    """A 0-d device tensor: whether any gradient of ``params`` is NaN or infinite (no sync)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return None
-    return ~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
-
-
 class SVITrainer:
     r"""Stochastic variational inference for a model and guide, on a PyTorch optimizer.
 
-    Each step evaluates the ELBO (:class:`~pyrobnn.infer.objective.SVIObjective`: a
+    Each step evaluates the ELBO (:class:`~pyrobnn.infer.svi.objective.SVIObjective`: a
     :class:`~pyrobnn.infer.SplitELBO` by default, which equals ``Trace_ELBO`` or
     ``TraceMeanField_ELBO`` and also reports its two terms), back-propagates and steps the
     optimizer over the model's point parameters and the guide's parameters, without reading
     anything back to the host. A batch with NaN/inf values or refused targets, or a non-finite
     loss or gradient, is flagged on the device; that update and every later one are not
     applied, and :meth:`step` (at once) or :meth:`fit` (at the end of the epoch) raises
-    :class:`InvalidBatchError` or :class:`NonFiniteLossError` naming the step.
+    :class:`~pyrobnn.infer.svi.failures.InvalidBatchError` or :class:`~pyrobnn.infer.svi.failures.NonFiniteLossError` naming the step.
 
     :param elbo: ``"trace"`` (Monte Carlo KL, as Pyro's ``Trace_ELBO``), ``"meanfield"``
         (registered KLs, as ``TraceMeanField_ELBO``), ``None`` for the guide's default
@@ -298,11 +123,11 @@ class SVITrainer:
         reparameterization), ``"flipout"``, ``"per_example"``, or an estimator handler from
         :mod:`pyrobnn.estimators`; the KL terms are unaffected.
     :param compile: compile the per-weight work with ``torch.compile`` (see
-        :class:`~pyrobnn.infer.flat.FlatELBO`); pays tens of seconds once, saves most of the
+        :class:`~pyrobnn.infer.svi.trace_free.TraceFreeELBO`); pays tens of seconds once, saves most of the
         element-wise cost of large layers.
 
     For a :class:`~pyrobnn.models.BayesianModel` with a pyrobnn guide, a :class:`SplitELBO`
-    and one particle, steps are evaluated by :class:`~pyrobnn.infer.flat.FlatELBO` (the same
+    and one particle, steps are evaluated by :class:`~pyrobnn.infer.svi.trace_free.TraceFreeELBO` (the same
     estimator, without Pyro's traces); several particles (vectorized), any other model,
     guide or ELBO go through Pyro.
     The default optimizer is Adam with PyTorch's fused kernel where available.
@@ -457,8 +282,8 @@ class SVITrainer:
     def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
         """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)`` as floats.
         The batch gets the checks ``fit`` gives its data (types, shapes, finite values, label
-        ranges); bad values in it raise :class:`InvalidBatchError`, a non-finite loss or
-        gradient :class:`NonFiniteLossError`, with the parameters unchanged by the step.
+        ranges); bad values in it raise :class:`~pyrobnn.infer.svi.failures.InvalidBatchError`, a non-finite loss or
+        gradient :class:`~pyrobnn.infer.svi.failures.NonFiniteLossError`, with the parameters unchanged by the step.
         (``fit`` runs the same step without the per-step host synchronization that returning
         floats costs, and checks once per epoch.)"""
         loss, nll, kl, beta = self._step_tensors(x, y, dataset_size, epoch_fraction)

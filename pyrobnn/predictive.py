@@ -10,6 +10,7 @@ import torch
 from pyro import poutine
 from pyro.infer import Predictive
 
+from pyrobnn.infer.posterior import Posterior, evenly_spaced
 from pyrobnn.predictions import ClassificationPrediction, RegressionPrediction
 from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int, check_same_placement
 
@@ -38,8 +39,9 @@ def _concat(parts):
 
 
 def _posterior_samples(posterior):
-    """``{site: (S, *shape)}`` from an MCMC result or a dict of samples; ``None`` for a guide."""
-    if hasattr(posterior, "flat_samples"):
+    """``{site: (S, *shape)}`` from a :class:`~pyrobnn.infer.posterior.Posterior` or a dict of
+    samples; ``None`` for a guide."""
+    if isinstance(posterior, Posterior):
         return posterior.flat_samples()
     if isinstance(posterior, dict):
         return posterior
@@ -88,10 +90,11 @@ def predict(
 ):
     r"""The posterior predictive at ``x``.
 
-    :param guide: a trained guide, or posterior samples: an
-        :class:`~pyrobnn.infer.hmc.MCMCResult` or a dict ``{site: (S, *shape)}``.
+    :param guide: a trained guide, or posterior samples: a
+        :class:`~pyrobnn.infer.posterior.Posterior` (any method's result) or a dict
+        ``{site: (S, *shape)}``.
     :param num_samples: weight samples to draw from a guide; with posterior samples, how many
-        of them to use (``None``: all).
+        of them to use (``None``: all), spread evenly over the draws (so over every chain).
     :param method: ``"sample"`` averages over ``num_samples`` weight samples from the guide,
         drawn through ``pyro.infer.Predictive(parallel=True)``: one batched pass per chunk of
         samples, not a Python loop per sample. ``"mean"`` is the naive prediction with every
@@ -131,7 +134,9 @@ def predict(
             raise ValueError(f"the posterior samples hold different numbers of draws per site: {counts}")
         available = counts[needed[0]] if needed else next(iter(given.values())).shape[0]
         num_samples = available if num_samples is None else min(num_samples, available)
-        given = {k: v[:num_samples].to(model.device) for k, v in given.items()}
+        # a subset spread over the draws, so that it takes from every chain of a Posterior
+        chosen = evenly_spaced(available, num_samples)
+        given = {k: v[chosen.to(v.device)].to(model.device) for k, v in given.items()}
     elif num_samples is None:
         raise ValueError("num_samples is required with a guide")
     else:

@@ -9,8 +9,8 @@ import math
 import torch
 
 from pyrobnn.estimators import ESTIMATORS, Estimator
-from pyrobnn.infer.elbo import SplitELBO, make_elbo
-from pyrobnn.infer.flat import FlatELBO
+from pyrobnn.infer.svi.elbo import SplitELBO, make_elbo
+from pyrobnn.infer.svi.trace_free import TraceFreeELBO
 from pyrobnn.validation import check_positive_int
 
 __all__ = ["SVIObjective", "make_estimator", "trainable_parameters"]
@@ -48,7 +48,7 @@ class SVIObjective:
     ranks of a data-parallel run, which each see ``B`` examples) keeps that property.
 
     For a :class:`~pyrobnn.models.BayesianModel` with a pyrobnn guide, a :class:`SplitELBO`
-    and one particle it is evaluated by :class:`~pyrobnn.infer.flat.FlatELBO` (the same
+    and one particle it is evaluated by :class:`~pyrobnn.infer.svi.trace_free.TraceFreeELBO` (the same
     estimator without Pyro's traces); otherwise through Pyro. See :class:`SVITrainer` for the
     arguments.
     """
@@ -63,9 +63,9 @@ class SVIObjective:
             isinstance(self.elbo, SplitELBO)
             and not self.elbo.strict
             and self.elbo.num_particles == 1
-            and FlatELBO.supports(model, guide, self.estimator)
+            and TraceFreeELBO.supports(model, guide, self.estimator)
         ):
-            self.flat = FlatELBO(model, guide, self.elbo.kl, self.estimator, self.elbo.num_particles, compile=compile)
+            self.flat = TraceFreeELBO(model, guide, self.elbo.kl, self.estimator, self.elbo.num_particles, compile=compile)
 
     @property
     def splits(self) -> bool:

@@ -30,13 +30,12 @@ import torch
 from tqdm.auto import tqdm
 
 from pyrobnn.infer.curvature import largest_curvature
-from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble
-from pyrobnn.infer.fit import validate_training_data
-from pyrobnn.infer.hmc import MCMCResult, check_samplable
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.validation import check_positive_int
+from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
 
-__all__ = ["SWAGMoments", "SWAGResult", "swag", "swag_moments", "AUTO_LR"]
+__all__ = ["SWAGMoments", "SWAGPosterior", "swag", "swag_moments", "AUTO_LR"]
 
 #: ``lr="auto"``: SGD's learning rate times the largest curvature of the per-point loss at the
 #: MAP. Well below the stability limit 2 (1 + momentum) of SGD with momentum, because the
@@ -86,11 +85,42 @@ def swag_moments(iterates: torch.Tensor, rank: int) -> SWAGMoments:
 
 
 @dataclass
-class SWAGResult(MCMCResult):
+class SWAGPosterior(Posterior):
     """SWAG draws, one chain per run (``{site: (R, S, *shape)}``), with the Gaussian's
-    ``moments`` in the unconstrained space."""
+    ``moments`` in the unconstrained space (saved with the draws, so that a loaded posterior can
+    draw more: :meth:`sample`)."""
 
     moments: SWAGMoments = None
+    family: str = "swag"
+
+    def _extra_state(self) -> dict:
+        m = self.moments
+        return {"mean": m.mean.detach().cpu(), "diagonal": m.diagonal.detach().cpu(), "deviations": m.deviations.detach().cpu()}
+
+    @classmethod
+    def _from_saved(cls, fields, extra, model):
+        device = model.device
+        moments = SWAGMoments(extra["mean"].to(device), extra["diagonal"].to(device), extra["deviations"].to(device))
+        return cls(**fields, model=model, moments=moments)
+
+    def sample(self, num_samples: int, seed: int = 0) -> dict:
+        """``num_samples`` new draws per run from the SWAG Gaussian, ``{site: (R, S, *shape)}``."""
+        check_positive_int("num_samples", num_samples)
+        model = self._require_model("sample")
+        generator = torch.Generator(device=self.moments.mean.device).manual_seed(seed)
+        draws = self.moments.sample(num_samples, generator)
+        runs = draws.shape[0]
+        values = FlatPotential(model).unpack(draws.reshape(runs * num_samples, -1))
+        return {k: v.reshape((runs, num_samples) + v.shape[1:]) for k, v in values.items()}
+
+    def _diagnostics(self) -> list:
+        out = super()._diagnostics()
+        loss = self.stats.get("epoch_loss")
+        if isinstance(loss, torch.Tensor) and loss.numel():
+            out.append(f"SGD's training loss per point: {loss[0]:.4g} after the first epoch, {loss[-1]:.4g} after the last")
+        rank = self.moments.deviations.shape[1] if self.moments is not None else 0
+        out.append(f"covariance: diagonal plus rank {rank} (deviations of the last iterates)")
+        return out
 
 
 def swag(
@@ -109,7 +139,7 @@ def swag(
     map_options=None,
     seed: int = 0,
     progress: bool = True,
-) -> SWAGResult:
+) -> SWAGPosterior:
     """SWAG on ``model`` given ``(x, y)``.
 
     :param num_epochs: epochs of SGD from the MAP; one iterate is collected after each.
@@ -119,10 +149,11 @@ def swag(
         (:func:`~pyrobnn.infer.curvature.largest_curvature`, the largest over runs).
     :param rank: :math:`K`, deviation columns kept.
     :param num_runs: independent SWAG runs, each from its own MAP member (MultiSWAG).
-    :param map_estimate: an :class:`~pyrobnn.infer.ensemble.EnsembleResult` of ``num_runs``
+    :param map_estimate: an :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior` of ``num_runs``
         members; default: trained here (``deep_ensemble(objective="map", **map_options)``).
     """
     check_samplable(model)
+    requested_lr = lr
     for name, value in (("num_epochs", num_epochs), ("batch_size", batch_size), ("rank", rank), ("num_samples", num_samples), ("num_runs", num_runs)):
         check_positive_int(name, value)
     if num_epochs < 2:
@@ -138,8 +169,8 @@ def swag(
     x, y = x.to(model.device, model.dtype), y.to(model.device)
     if map_estimate is None:
         map_estimate = deep_ensemble(model, x, y, num_runs, objective="map", seed=seed, **{"progress": False, **(map_options or {})})
-    if not isinstance(map_estimate, EnsembleResult) or map_estimate.num_chains != num_runs:
-        raise ValueError(f"map_estimate must be an EnsembleResult of num_runs={num_runs} members")
+    if not isinstance(map_estimate, EnsemblePosterior) or map_estimate.num_chains != num_runs:
+        raise ValueError(f"map_estimate must be an EnsemblePosterior of num_runs={num_runs} members")
     was_training = model.training
     model.eval()
     try:
@@ -189,4 +220,9 @@ def swag(
         model.train(was_training)
     samples = {k: v.reshape((num_runs, num_samples) + v.shape[1:]) for k, v in values.items()}
     label = "SWAG" if num_runs == 1 else f"MultiSWAG ({num_runs} runs)"
-    return SWAGResult(samples, {"lr": torch.tensor(lr), "epoch_loss": torch.tensor(epoch_losses)}, seconds, label, moments=moments)
+    stats = {"lr": float(lr), "epoch_loss": torch.tensor(epoch_losses)}
+    settings = dict(
+        num_epochs=num_epochs, lr=requested_lr, momentum=momentum, batch_size=batch_size, rank=rank, num_samples=num_samples,
+        num_runs=num_runs, map_estimate=map_estimate, map_options=map_options, seed=seed,
+    )
+    return SWAGPosterior(samples, stats, seconds, label, settings=settings, model=model, moments=moments)

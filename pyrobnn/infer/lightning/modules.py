@@ -10,12 +10,13 @@ from typing import Callable, Optional
 import lightning as L
 import torch
 
-from pyrobnn.infer.ensemble import EnsembleResult, member_initializations
-from pyrobnn.infer.fit import NonFiniteLossError, StepFailures, default_optimizer, grads_not_finite, make_kl_schedule, skips_on_device
-from pyrobnn.infer.hmc import check_samplable
-from pyrobnn.infer.objective import SVIObjective, trainable_parameters
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, member_initializations
 from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.validation import check_forward, check_positive_int, check_positive_number, check_same_placement
+from pyrobnn.infer.svi.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
+from pyrobnn.infer.svi.schedules import make_kl_schedule
+from pyrobnn.infer.svi.trainer import default_optimizer
+from pyrobnn.validation import check_forward, check_positive_int, check_positive_number, check_same_placement, check_samplable
 
 __all__ = ["SVIModule", "EnsembleModule", "EndProcessGroup"]
 
@@ -53,9 +54,9 @@ class _FrozenWhileFitting:
 
 class _SkipsNonFiniteSteps:
     """A non-finite loss or gradient handled as in :func:`pyrobnn.fit`: flagged on the device
-    (:class:`~pyrobnn.infer.fit.StepFailures`), that update and every later one skipped
+    (:class:`~pyrobnn.infer.svi.failures.StepFailures`), that update and every later one skipped
     (PyTorch's fused optimizers take the flag; others check at once, a host sync), and at the
-    end of the epoch, on every rank, :class:`~pyrobnn.infer.fit.NonFiniteLossError` names the
+    end of the epoch, on every rank, :class:`~pyrobnn.infer.svi.failures.NonFiniteLossError` names the
     step. The module sets ``_params`` (what its optimizer updates) and ``_last_loss`` (each
     training step's loss)."""
 
@@ -93,7 +94,7 @@ class _SkipsNonFiniteSteps:
 class SVIModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModule):
     r"""A ``LightningModule`` that trains ``model`` and ``guide`` by SVI.
 
-    Each training step returns :class:`~pyrobnn.infer.objective.SVIObjective`'s loss on the
+    Each training step returns :class:`~pyrobnn.infer.svi.objective.SVIObjective`'s loss on the
     batch it is given: the likelihood scaled by the data set's size ``N`` over the batch, the
     KL counted once. Under DDP every rank sees its own batch of ``B`` examples and the
     gradients are *averaged* over the ``R`` ranks, so the update is that of one process seeing
@@ -108,7 +109,7 @@ class SVIModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModule):
     :param lr, optimizer: Adam with learning rate ``lr`` (fused where the parameters allow),
         or ``optimizer(params)``; a picklable function for ``strategy="ddp_spawn"``.
     :param elbo, num_particles, kl_annealing, estimator, compile: as in
-        :class:`~pyrobnn.infer.fit.SVITrainer` (the KL annealing's epoch is Lightning's).
+        :class:`~pyrobnn.infer.svi.trainer.SVITrainer` (the KL annealing's epoch is Lightning's).
 
     A non-finite loss or gradient is skipped and reported as in :func:`pyrobnn.fit` (see
     :class:`_SkipsNonFiniteSteps`).
@@ -184,7 +185,7 @@ class EnsembleModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModul
     members are the rows of one ``(K, dim)`` parameter (as in :func:`pyrobnn.deep_ensemble`,
     member ``k`` initialized under the seed ``seed + k``), every step one vmapped pass of the
     network over all members. Each member's loss on a batch of ``B`` points is that of
-    :func:`~pyrobnn.infer.ensemble.train_members`, :math:`\frac{1}{N}\big(-\frac{N}{B}\sum_{n}
+    :func:`~pyrobnn.infer.modes.ensemble.train_members`, :math:`\frac{1}{N}\big(-\frac{N}{B}\sum_{n}
     \log p(y_n \mid x_n, w_k) - \log p(w_k)\big)` (``objective="map"``; without the prior for
     ``"likelihood"``), and the step minimizes their sum, so every member follows its own path.
     Under DDP the ranks' gradients are averaged, which is the step on the union of their
@@ -193,7 +194,7 @@ class EnsembleModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModul
     A non-finite loss or gradient is skipped and reported as in :func:`pyrobnn.fit`. Lightning
     has no per-member early stopping: use :func:`pyrobnn.deep_ensemble` where that
     matters, or Lightning's callbacks on the logged mean ``loss``. :meth:`result` gives the
-    members as an :class:`~pyrobnn.infer.ensemble.EnsembleResult` (for ``predict``,
+    members as an :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior` (for ``predict``,
     ``Predictive``, ArviZ, and as starting points of ``ensemble_sampling``).
 
     :param dataset_size: ``N``; default the length of the training ``DataLoader``'s data set.
@@ -261,11 +262,12 @@ class EnsembleModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModul
         return self.optimizer_factory([self.members])
 
     @torch.no_grad()
-    def result(self) -> EnsembleResult:
+    def result(self) -> EnsemblePosterior:
         """The members as draws ``(K, 1, *shape)`` per site."""
         values = self.potential.unpack(self.members.detach())
         label = "deep ensemble (MAP)" if self.objective == "map" else "deep ensemble (likelihood)"
-        return EnsembleResult({k: v.unsqueeze(1) for k, v in values.items()}, {}, 0.0, label + ", Lightning")
+        settings = dict(num_members=self.members.shape[0], objective=self.objective, lr=self.lr, weight_decay=self.weight_decay)
+        return EnsemblePosterior({k: v.unsqueeze(1) for k, v in values.items()}, {}, 0.0, label + ", Lightning", settings=settings, model=self.model)
 
 
 class EndProcessGroup(L.Callback):

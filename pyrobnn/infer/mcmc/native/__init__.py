@@ -490,9 +490,9 @@ class NativeMLP:
 
     def nuts(self, z, energy, grad, r0, inv_mass, step, max_depth, uniforms):
         """One NUTS transition of every chain, in place on ``z``, ``energy`` and ``grad``; the
-        arguments as in :func:`pyrobnn.infer.nuts.nuts_step` with its random numbers given
+        arguments as in :func:`pyrobnn.infer.mcmc.nuts_kernel.nuts_step` with its random numbers given
         (``r0`` the initial momenta, ``uniforms`` from
-        :func:`~pyrobnn.infer.nuts.transition_uniforms`). Returns per-chain ``(C, 4)``:
+        :func:`~pyrobnn.infer.mcmc.nuts_kernel.transition_uniforms`). Returns per-chain ``(C, 4)``:
         mean acceptance, tree depth, leapfrog steps, divergence."""
         self._check(z, energy, grad, r0, inv_mass, step, uniforms)
         chains = z.shape[0]
@@ -510,7 +510,7 @@ class NativeMLP:
 
     def mclmc(self, z, u, energy, grad, step, L, sqrt_inv_mass, noise):
         """One MCLMC step of every chain, in place on ``z``, ``u``, ``energy`` and ``grad``, as
-        :func:`pyrobnn.infer.mclmc.mclmc_step` (``noise``: ``(C, 3, D)``). Returns the energy
+        :func:`pyrobnn.infer.mcmc.mclmc_kernel.mclmc_step` (``noise``: ``(C, 3, D)``). Returns the energy
         changes and whether each step was finite (``(C,)`` each)."""
         self._check(z, u, energy, grad, step, L, sqrt_inv_mass, noise)
         chains = z.shape[0]

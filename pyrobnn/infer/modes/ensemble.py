@@ -32,17 +32,16 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from pyrobnn.infer.fit import validate_training_data
-from pyrobnn.infer.hmc import MCMCResult, check_samplable, mclmc, nuts
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
-from pyrobnn.validation import check_positive_int, check_positive_number
+from pyrobnn.validation import check_positive_int, check_positive_number, check_samplable, validate_training_data
 
-__all__ = ["EnsembleResult", "deep_ensemble", "train_members", "ensemble_sampling", "member_initializations"]
+__all__ = ["EnsemblePosterior", "deep_ensemble", "train_members", "member_initializations"]
 
 
 @dataclass
-class EnsembleResult(MCMCResult):
+class EnsemblePosterior(Posterior):
     """A deep ensemble as posterior draws: ``samples[name]`` has shape ``(K, 1, *shape)``, one
     chain of one draw per member, so :func:`pyrobnn.predict` (the equal-weight mixture),
     ``pyro.infer.Predictive(model, posterior_samples=result.flat_samples())`` and
@@ -55,17 +54,38 @@ class EnsembleResult(MCMCResult):
     training) loss of every member after every epoch, ``(epochs, K)``."""
 
     history: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    family: str = "ensemble"
 
     @property
     def num_members(self) -> int:
         return self.num_chains
 
-    def member(self, k: int) -> "EnsembleResult":
+    def _extra_state(self) -> dict:
+        return {"history": self.history.detach().cpu()}
+
+    @classmethod
+    def _from_saved(cls, fields, extra, model):
+        return cls(**fields, model=model, history=extra["history"])
+
+    def _diagnostics(self) -> list:
+        out = super()._diagnostics()
+        for key, what in (("val_nll", "best validation NLL per point"), ("train_loss", "final training loss per point")):
+            value = self.stats.get(key)
+            if isinstance(value, torch.Tensor):
+                out.append(f"{what} per member: {[round(v, 4) for v in value.tolist()]}")
+        if isinstance(self.stats.get("epochs"), torch.Tensor):
+            out.append(f"epochs trained per member: {self.stats['epochs'].tolist()}")
+        return out
+
+    def member(self, k: int) -> "EnsemblePosterior":
         """Member ``k`` alone, as a one-member ensemble (e.g. the MAP that Laplace or SWAG start from)."""
         if not -self.num_members <= k < self.num_members:
             raise IndexError(f"member {k} out of range for an ensemble of {self.num_members}")
         k = k % self.num_members
-        return EnsembleResult({name: v[k : k + 1] for name, v in self.samples.items()}, {}, self.seconds, self.method)
+        return EnsemblePosterior(
+            {name: v[k : k + 1] for name, v in self.samples.items()}, {}, self.seconds, f"{self.method}, member {k}",
+            settings=self.settings, model=self.model,
+        )
 
 
 def member_initializations(model, potential, num_members: int, seed: int = 0):
@@ -198,7 +218,7 @@ def deep_ensemble(
     seed: int = 0,
     progress: bool = True,
     num_processes: int = 1,
-) -> EnsembleResult:
+) -> EnsemblePosterior:
     """A deep ensemble of ``num_members`` members of ``model`` trained on ``(x, y)``.
 
     :param x_val, y_val: validation data for early stopping; or ``validation``, the fraction of
@@ -213,7 +233,7 @@ def deep_ensemble(
     :param num_processes: train the members in this many groups, one process each
         (:mod:`pyrobnn.infer.processes`); every member follows the path it follows in one
         process (the same initialization and data order), up to floating-point rounding.
-    :returns: an :class:`EnsembleResult`: the members as ``(K, 1, *shape)`` draws.
+    :returns: an :class:`EnsemblePosterior`: the members as ``(K, 1, *shape)`` draws.
 
     Example::
 
@@ -230,6 +250,7 @@ def deep_ensemble(
         raise ValueError("give both x_val and y_val, or neither")
     if x_val is not None and validation:
         raise ValueError("give either x_val/y_val or validation, not both")
+    held_out = "x_val, y_val" if x_val is not None else validation
     x, y = validate_training_data(model, x, y)
     if validation:
         n_val = max(1, round(validation * x.shape[0]))
@@ -269,7 +290,10 @@ def deep_ensemble(
         model.train(was_training)
     samples = {k: v.unsqueeze(1) for k, v in values.items()}
     label = "deep ensemble (MAP)" if objective == "map" else "deep ensemble (likelihood)"
-    return EnsembleResult(samples, stats, seconds, label, history=history)
+    settings = dict(
+        num_members=num_members, validation=held_out, num_processes=num_processes, **options,
+    )
+    return EnsemblePosterior(samples, stats, seconds, label, settings=settings, model=model, history=history)
 
 
 def _join_histories(histories: list, final: list) -> torch.Tensor:
@@ -279,26 +303,3 @@ def _join_histories(histories: list, final: list) -> torch.Tensor:
     epochs = max(h.shape[0] for h in histories)
     padded = [torch.cat([h, f.to(h.dtype).unsqueeze(0).expand(epochs - h.shape[0], -1)], 0) for h, f in zip(histories, final)]
     return torch.cat(padded, 1)
-
-
-def ensemble_sampling(
-    model,
-    x,
-    y,
-    ensemble: EnsembleResult,
-    sampler: str = "mclmc",
-    **kwargs,
-) -> MCMCResult:
-    """Ensemble-initialized sampling (Sommer et al. 2024; MILE, Sommer et al. 2025): one chain
-    per member of ``ensemble``, run by ``sampler`` (``"mclmc"``: :func:`pyrobnn.infer.hmc.mclmc`
-    with MILE's settings by default; ``"nuts"``: :func:`pyrobnn.infer.hmc.nuts`, MILE's baseline
-    uses ``num_warmup=100, num_samples=1000``); ``kwargs`` go to the sampler. The chains sit in
-    different regions by design: judge each one on its own
-    (:func:`pyrobnn.diagnostics.within_chain_summary`)."""
-    if not isinstance(ensemble, MCMCResult):
-        raise TypeError(f"ensemble must be the result of deep_ensemble, got {type(ensemble).__name__}")
-    if sampler == "mclmc":
-        return mclmc(model, x, y, init=ensemble, **kwargs)
-    if sampler == "nuts":
-        return nuts(model, x, y, init=ensemble, **kwargs)
-    raise ValueError(f"sampler must be 'mclmc' or 'nuts', got {sampler!r}")

@@ -33,49 +33,14 @@ import torch
 from tqdm.auto import tqdm
 
 from pyrobnn.infer.curvature import largest_curvature
-from pyrobnn.infer.ensemble import member_initializations
-from pyrobnn.infer.fit import validate_training_data
-from pyrobnn.infer.hmc import MCMCResult, check_samplable, initial_positions
+from pyrobnn.infer.modes.ensemble import member_initializations
+from pyrobnn.infer.mcmc.runner import initial_positions
+from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, minibatch_log_joint_grad, sghmc_step, sgld_step
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.validation import check_positive_int
+from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
 
-__all__ = ["sgld", "sghmc", "sgld_step", "sghmc_step", "cyclical_step_size", "minibatch_log_joint_grad", "SCHEDULES"]
-
-SCHEDULES = ("constant", "cyclical")
-
-
-def sgld_step(z, grad, step_size, generator=None, noise: bool = True):
-    """One SGLD update of ``z`` (``(C, D)``) given the log-density gradient estimate ``grad``."""
-    z = z + 0.5 * step_size * grad
-    if noise:
-        z = z + math.sqrt(step_size) * torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device)
-    return z
-
-
-def sghmc_step(z, v, grad, lr, friction, generator=None, noise: bool = True):
-    """One SGHMC update; returns ``(z, v)``."""
-    v = (1.0 - friction) * v + lr * grad
-    if noise:
-        v = v + math.sqrt(2.0 * friction * lr) * torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device)
-    return z + v, v
-
-
-def cyclical_step_size(k: int, num_steps: int, num_cycles: int, initial: float) -> float:
-    """Zhang et al. (2020)'s cosine step size at step ``k`` (0-based) of ``num_steps``."""
-    period = math.ceil(num_steps / num_cycles)
-    return 0.5 * initial * (math.cos(math.pi * (k % period) / period) + 1.0)
-
-
-def minibatch_log_joint_grad(potential, z, x, y, dataset_size):
-    r""":math:`\hat g` for every chain: the prior's gradient plus ``dataset_size / B`` times the
-    minibatch likelihood's."""
-    with torch.enable_grad():
-        z = z.detach().requires_grad_(True)
-        log_prior, log_lik = potential.log_joint_terms(z, x, y)
-        total = log_prior + (dataset_size / x.shape[0]) * log_lik
-        (grad,) = torch.autograd.grad(total.sum(), z)
-    return grad
-
+__all__ = ["sgld", "sghmc", "AUTO_STEP"]
 
 #: ``step_size="auto"``: this constant over the largest curvature at the start (SGLD's step,
 #: SGHMC's learning rate); a tenth of SGLD's stability limit on a Gaussian, so that the
@@ -86,6 +51,7 @@ AUTO_STEP = 0.1
 def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
          batch_size, num_chains, init, seed, progress):
     check_samplable(model)
+    requested_step = step_size
     if step_size != "auto" and not (isinstance(step_size, (int, float)) and step_size > 0 and math.isfinite(step_size)):
         raise ValueError(f"step_size must be a positive number or 'auto', got {step_size!r}")
     if kind == "sghmc" and not 0.0 < friction <= 1.0:
@@ -165,16 +131,21 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
         model.train(was_training)
     samples = {name: value.reshape((chains, kept) + value.shape[1:]) for name, value in values.items()}
     label = f"{kind.upper()}" + (" (cyclical)" if schedule == "cyclical" else "")
-    return MCMCResult(samples, {"step": torch.tensor(steps_kept), "step_size": torch.tensor(step_size)}, seconds, label)
+    stats = {"step": torch.tensor(steps_kept), "step_size": torch.full((chains,), float(step_size))}
+    settings = dict(
+        step_size=requested_step, friction=friction, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
+        num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=chains, init=init, seed=seed,
+    )
+    return Posterior(samples, stats, seconds, label, "sgmcmc", settings, model)
 
 
 def sgld(
     model, x, y, *, step_size: float = 1e-4, num_steps: int = 10_000, num_burnin=None, thinning: int = 50,
     schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128, num_chains: int = 1,
     init=None, seed: int = 0, progress: bool = True,
-) -> MCMCResult:
+) -> Posterior:
     """SGLD draws from ``model``'s posterior given ``(x, y)``, as an
-    :class:`~pyrobnn.infer.hmc.MCMCResult` (``predict``, ``Predictive`` and ArviZ take it).
+    :class:`~pyrobnn.infer.posterior.Posterior` (``predict``, ``Predictive`` and ArviZ take it).
 
     :param step_size: :math:`\\epsilon` (the initial one with ``schedule="cyclical"``), or
         ``"auto"``: ``AUTO_STEP`` over the largest curvature of the log joint at the starting
@@ -194,7 +165,7 @@ def sghmc(
     model, x, y, *, step_size: float = 1e-5, friction: float = 0.1, num_steps: int = 10_000, num_burnin=None,
     thinning: int = 50, schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128,
     num_chains: int = 1, init=None, seed: int = 0, progress: bool = True,
-) -> MCMCResult:
+) -> Posterior:
     """SGHMC draws (learning rate ``step_size`` :math:`= \\eta`, or ``"auto"`` as in :func:`sgld`;
     ``friction`` :math:`= \\alpha`); otherwise as :func:`sgld`. With ``schedule="cyclical"`` this
     is cSGHMC."""

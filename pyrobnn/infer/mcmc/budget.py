@@ -2,7 +2,7 @@
 
 Three paths compute the same transitions on the same random numbers:
 
-- ``"native"``: the hand-written kernels of :mod:`pyrobnn.infer.native`, for the common Bayesian
+- ``"native"``: the hand-written kernels of :mod:`pyrobnn.infer.mcmc.native`, for the common Bayesian
   MLP; built once per machine (about 2 s) and loaded from the user's cache afterwards;
 - ``"torch.compile"``: the torch code compiled by Inductor, for every other model; it pays
   10-16 s of compilation in every run and every process (Inductor's cache does not store the NUTS
@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from pyrobnn.infer import native as native_kernels
+from pyrobnn.infer.mcmc import native as native_kernels
 
 __all__ = ["ExecutionPath", "choose_path", "check_compile", "COMPILE_SECONDS", "EAGER_OVERHEAD_SECONDS", "COMPILED_SPEEDUP"]
 
@@ -53,7 +53,7 @@ LARGE_MACS, LOCKSTEP_CHAINS = 150_000, 8
 @dataclass
 class ExecutionPath:
     """The chosen path: ``kind`` (``"native"``, ``"torch.compile"`` or ``"eager"``), the
-    reason in words, and the :class:`~pyrobnn.infer.native.NativeMLP` for the native path."""
+    reason in words, and the :class:`~pyrobnn.infer.mcmc.native.NativeMLP` for the native path."""
 
     kind: str
     reason: str

@@ -381,8 +381,8 @@ inline double logaddexp(double a, double b) {
     return hi + std::log1p(std::exp(-std::fabs(a - b)));
 }
 
-// one NUTS transition of one chain: pyrobnn.infer.nuts.nuts_step for a single chain, with its
-// uniforms given in one row (pyrobnn.infer.nuts.transition_uniforms): a direction per depth, a
+// one NUTS transition of one chain: pyrobnn.infer.mcmc.nuts_kernel.nuts_step for a single chain, with its
+// uniforms given in one row (pyrobnn.infer.mcmc.nuts_kernel.transition_uniforms): a direction per depth, a
 // merge uniform per depth, then the leaves' (depth j uses leaves 2^j - 1 .. 2^(j+1) - 2)
 template <typename T>
 void nuts_chain(const Model& m, T* z_io, T* u_io, T* g_io, const T* r0, const T* inv_mass, T step, int64_t max_depth,
@@ -501,7 +501,7 @@ inline void unit(T* v, int64_t D) {
     for (int64_t i = 0; i < D; ++i) v[i] /= norm;
 }
 
-// ESH velocity update by eps along -grad U (pyrobnn.infer.mclmc._velocity_update); returns dK
+// ESH velocity update by eps along -grad U (pyrobnn.infer.mcmc.mclmc_kernel._velocity_update); returns dK
 template <typename T>
 T velocity_update(T* u, const T* grad, T eps, const T* sqrt_inv_mass, int64_t D, T* e) {
     T gn = 0;
@@ -531,7 +531,7 @@ void refresh(T* u, T eps, T L, const T* noise, int64_t D) {
     unit(u, D);
 }
 
-// one MCLMC step of one chain (pyrobnn.infer.mclmc.mclmc_step); n0, n1, n2: its three noise rows
+// one MCLMC step of one chain (pyrobnn.infer.mcmc.mclmc_kernel.mclmc_step); n0, n1, n2: its three noise rows
 template <typename T>
 void mclmc_chain(const Model& m, T* z, T* u, T* energy, T* grad, T step, T L, const T* sqrt_inv_mass,
                  const T* n0, const T* n1, const T* n2, T* d_energy, T* finite_out, Work<T>& w) {

@@ -12,7 +12,7 @@ statistic (0.8), and a diagonal inverse mass matrix estimated from the samples o
 windows (75-sample initial buffer, 50-sample final buffer), regularized towards 1e-3.
 
 The functions here take a potential ``U(z)`` over ``z`` of shape ``(chains, dim)`` returning
-``(U, grad)``; :func:`pyrobnn.infer.hmc.nuts` connects them to a model.
+``(U, grad)``; :func:`pyrobnn.infer.mcmc.samplers.nuts` connects them to a model.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def transition_uniforms(chains: int, max_tree_depth: int, generator=None, dtype=
     ``2 * max_tree_depth + 2**max_tree_depth - 1``: the direction of each doubling (forward where
     below 0.5), the merge uniform of each doubling, then one per leaf (doubling ``j`` reads leaves
     ``2**j - 1`` to ``2**(j + 1) - 2``). Drawn at once, so that the batched torch path and the
-    native kernels (:mod:`pyrobnn.infer.native`), which build each chain's tree on its own, follow
+    native kernels (:mod:`pyrobnn.infer.mcmc.native`), which build each chain's tree on its own, follow
     the same random stream."""
     return torch.rand(chains, 2 * max_tree_depth + 2**max_tree_depth - 1, generator=generator, dtype=dtype, device=device)
 
@@ -198,7 +198,7 @@ def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: 
     :param step_size: ``(C,)``.
     :param inv_mass: diagonal inverse mass matrices, ``(C, D)``.
     :param double: :func:`_double` bound to ``potential``, possibly compiled; default the eager one.
-    :param native: a :class:`~pyrobnn.infer.native.NativeMLP` of the same potential: the
+    :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of the same potential: the
         transition runs there instead (each chain's tree built on its own), on the same random
         numbers.
     :returns: the new state and per-chain statistics: ``accept_prob`` (mean Metropolis
@@ -357,7 +357,7 @@ def sample_nuts(
     """Run NUTS on every chain of ``z_init`` (``(C, D)``); returns the samples ``(C, S, D)``
     (mapped through ``transform`` per draw if given) and per-draw statistics.
 
-    :param native: a :class:`~pyrobnn.infer.native.NativeMLP` of ``potential``: every
+    :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``: every
         transition runs in its native code (``compile`` is then not used).
     :param compile: compile each trajectory doubling (:func:`_double`: the subtree's leapfrog
         steps with the potential's gradient inside a ``torch.while_loop``, the U-turn checks and

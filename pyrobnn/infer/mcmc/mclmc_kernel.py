@@ -52,7 +52,7 @@ Each chain is tuned on its own (step size, :math:`L` and preconditioner per chai
 ensemble-initialized sampling every chain explores its own region.
 
 The functions take a potential returning ``(U, grad U)`` for ``z`` of shape ``(chains, dim)``;
-:func:`pyrobnn.infer.hmc.mclmc` connects them to a model.
+:func:`pyrobnn.infer.mcmc.samplers.mclmc` connects them to a model.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from pyrobnn.infer.autocorrelation import effective_sample_size
+from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
 from pyrobnn.runtime import raised_recompile_limits
 
 __all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "tune_mclmc", "sample_mclmc", "MCLACHLAN_B1"]
@@ -158,7 +158,7 @@ def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise
 
 class _Stepper:
     """Draws the noise and calls the (possibly compiled) step function, or the native kernels'
-    step (:mod:`pyrobnn.infer.native`) on the same noise."""
+    step (:mod:`pyrobnn.infer.mcmc.native`) on the same noise."""
 
     def __init__(self, potential, generator, compile, native=None):
         fn = functools.partial(mclmc_step, potential)
@@ -224,7 +224,7 @@ def tune_mclmc(
     :class:`MCLMCTuning` and per-phase statistics.
 
     :param step_size, L: initial values, per chain or scalars (default BlackJAX's,
-        ``sqrt(d) / 4`` and ``sqrt(d)``; :func:`pyrobnn.infer.hmc.mclmc` passes MILE's).
+        ``sqrt(d) / 4`` and ``sqrt(d)``; :func:`pyrobnn.infer.mcmc.samplers.mclmc` passes MILE's).
     :param energy_variance: target variance of the energy error per dimension, a number or a
         ``(start, end)`` pair scheduled linearly over phase 1 (MILE: ``(0.5, 0.1)``).
     """
@@ -313,7 +313,7 @@ def sample_mclmc(
     """Tune (``num_warmup`` = the steps of the three phases) and then run ``num_samples`` steps
     of MCLMC from ``z_init`` (``(C, D)``), keeping every ``thinning``-th position.
 
-    :param native: a :class:`~pyrobnn.infer.native.NativeMLP` of ``potential``: each step runs
+    :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``: each step runs
         in its native code, on the same noise (``compile`` is then not used).
 
     :returns: the draws ``(C, num_samples // thinning, D)`` and statistics: ``energy`` (the

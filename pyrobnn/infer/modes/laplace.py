@@ -34,21 +34,20 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyrobnn.infer.ensemble import EnsembleResult, deep_ensemble
-from pyrobnn.infer.fit import validate_training_data
-from pyrobnn.infer.hmc import MCMCResult, check_samplable
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
+from pyrobnn.infer.posterior import Posterior, evenly_spaced
 from pyrobnn.likelihoods import CategoricalLikelihood, GaussianLikelihood
 from pyrobnn.priors import NormalPrior
-from pyrobnn.validation import check_positive_int
+from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
 
-__all__ = ["LaplaceResult", "laplace", "SUBSETS", "HESSIANS"]
+__all__ = ["LaplacePosterior", "laplace", "SUBSETS", "HESSIANS"]
 
 SUBSETS = ("all", "last_layer")
 HESSIANS = ("full", "diag", "kron")
 
 
 @dataclass
-class LaplaceResult(MCMCResult):
+class LaplacePosterior(Posterior):
     """Draws from the Laplace posterior as one chain (``{site: (1, S, *shape)}``), with the
     fitted laplace-torch object (``approximation``) for the linearized predictive and the
     marginal likelihood. With ``subset="last_layer"`` the other sites sit at the MAP in every
@@ -60,10 +59,15 @@ class LaplaceResult(MCMCResult):
     likelihood: object = None
     covered_names: tuple = ()  # the sites with a Gaussian posterior; the others sit at the MAP
     latent_names: tuple = ()
+    family: str = "laplace"
+    saved_fit: dict = None  # the prior precision and marginal likelihood of a loaded posterior
 
     @property
     def log_marginal_likelihood(self) -> float:
-        """The Laplace approximation of :math:`\\log p(y \\mid x)` at the current prior precision."""
+        """The Laplace approximation of :math:`\\log p(y \\mid x)` at the current prior precision
+        (for a loaded posterior, at the precision it was saved with)."""
+        if self.approximation is None:
+            return self.saved_fit["log_marginal_likelihood"]
         with torch.no_grad():
             return float(self.approximation.log_marginal_likelihood())
 
@@ -71,9 +75,63 @@ class LaplaceResult(MCMCResult):
     def prior_precision(self) -> torch.Tensor:
         """One prior precision per site covered, or one for the last layer (after tuning, if
         it was tuned)."""
+        if self.approximation is None:
+            return self.saved_fit["prior_precision"].clone()
         return self.approximation.prior_precision.detach().clone()
 
-    def linearized_predict(self, x, batch_size: int = 1000):
+    def _extra_state(self) -> dict:
+        # laplace-torch's object holds code (its curvature backends), not only tensors: what the
+        # verbs need is saved instead; the curvature itself is not
+        return {
+            "map_values": {k: v.detach().cpu() for k, v in self.map_values.items()},
+            "covered_names": list(self.covered_names),
+            "latent_names": list(self.latent_names),
+            "prior_precision": self.prior_precision.cpu(),
+            "log_marginal_likelihood": self.log_marginal_likelihood,
+        }
+
+    @classmethod
+    def _from_saved(cls, fields, extra, model):
+        values = {k: v.to(model.device) for k, v in extra["map_values"].items()}
+        fit = {"prior_precision": extra["prior_precision"], "log_marginal_likelihood": extra["log_marginal_likelihood"]}
+        return cls(
+            **fields, model=model, map_values=values, map_net=model.deterministic_net(values), likelihood=model.likelihood,
+            covered_names=tuple(extra["covered_names"]), latent_names=tuple(extra["latent_names"]), saved_fit=fit,
+        )
+
+    def _diagnostics(self) -> list:
+        out = super()._diagnostics()
+        out.append(f"log marginal likelihood (Laplace): {self.log_marginal_likelihood:.4g}")
+        out.append(f"prior precision: {[round(v, 4) for v in self.prior_precision.reshape(-1).tolist()]}")
+        weights = len(self.samples) - len(self.latent_names)
+        out.append(f"Gaussian over {len(self.covered_names)} of {weights} weight sites; the others, and any noise scale, at the MAP")
+        return out
+
+    def predict(self, x, num_samples=None, *, linearized: bool = True, seed=None, batch_size: int = 1000, **kwargs):
+        """The posterior predictive at ``x``: the linearized (GLM) predictive by default
+        (:meth:`linearized_predict`, which Daxberger et al. 2021 recommend for the Laplace
+        approximation: the network itself at Gaussian weight draws underfits), or with
+        ``linearized=False`` the network at each draw (:func:`pyrobnn.predict`, which takes
+        ``kwargs``). ``num_samples`` draws of the result are used, spread over them (``None``:
+        all); ``seed`` matters to the network predictive only (the linearized one draws nothing
+        new)."""
+        if not linearized:
+            return super().predict(x, num_samples, seed=seed, batch_size=batch_size, **kwargs)
+        if kwargs:
+            raise TypeError(f"the linearized predictive takes no {sorted(kwargs)}; pass linearized=False for pyrobnn.predict's options")
+        from pyrobnn.validation import as_tensor, check_finite
+
+        x = as_tensor(x, "x")
+        if self.model is not None:
+            self.model.check_x(x)
+        check_finite(x, "x")
+        chosen = None
+        if num_samples is not None:
+            check_positive_int("num_samples", num_samples)
+            chosen = evenly_spaced(self.num_draws, num_samples)
+        return self.linearized_predict(x.to(self.map_values[self.covered_names[0]].device), batch_size, draws=chosen)
+
+    def linearized_predict(self, x, batch_size: int = 1000, draws=None):
         """The GLM predictive (Immer et al. 2021): for each draw :math:`w_s` of this result the
         linearized network :math:`f(x, \\hat w) + J(x)(w_s - \\hat w)`, computed by forward-mode
         differentiation (one Jacobian-vector product per draw, all draws in one vmapped pass,
@@ -85,7 +143,8 @@ class LaplaceResult(MCMCResult):
         params = {n: p.detach() for n, p in net.named_parameters()}
         # only the sites the approximation covers vary (the last layer's, with subset="last_layer")
         primals = {n: self.map_values[n] for n in self.covered_names}
-        tangents = {n: self.samples[n][0] - self.map_values[n] for n in self.covered_names}
+        chosen = slice(None) if draws is None else draws
+        tangents = {n: self.samples[n][0, chosen] - self.map_values[n] for n in self.covered_names}
         outputs = []
         with torch.no_grad():
             for i in range(0, x.shape[0], batch_size):
@@ -99,7 +158,7 @@ class LaplaceResult(MCMCResult):
                     return out + change
 
                 outputs.append(torch.func.vmap(linear)(tangents))
-        latents = {k: self.samples[k][0] for k in self.latent_names}
+        latents = {k: self.samples[k][0, chosen] for k in self.latent_names}
         return self.likelihood.summarize(torch.cat(outputs, 1), latents)
 
 
@@ -137,7 +196,7 @@ def _map_values(model, map_estimate, x, y, seed, map_options):
     if map_estimate is None:
         options = {"progress": False, **(map_options or {})}
         map_estimate = deep_ensemble(model, x, y, 1, objective="map", seed=seed, **options)
-    if isinstance(map_estimate, EnsembleResult):
+    if isinstance(map_estimate, EnsemblePosterior):
         if map_estimate.num_chains != 1:
             raise ValueError(f"map_estimate must be one member, got an ensemble of {map_estimate.num_chains}")
         return {k: v[0, 0].detach() for k, v in map_estimate.samples.items()}
@@ -152,7 +211,7 @@ def _map_values(model, map_estimate, x, y, seed, map_options):
         values = {s.name: map_estimate[s.name].detach() for s in model.sites}
         values.update({name: torch.as_tensor(map_estimate[name]).detach().reshape(()) for name in model.likelihood.latent_sites()})
         return values
-    raise TypeError(f"map_estimate must be an EnsembleResult or a dict of site values, got {type(map_estimate).__name__}")
+    raise TypeError(f"map_estimate must be an EnsemblePosterior or a dict of site values, got {type(map_estimate).__name__}")
 
 
 def laplace(
@@ -168,7 +227,7 @@ def laplace(
     map_options=None,
     batch_size: int = 256,
     seed: int = 0,
-) -> LaplaceResult:
+) -> LaplacePosterior:
     """The Laplace approximation of ``model``'s posterior given ``(x, y)``.
 
     :param subset: ``"all"`` random sites, or ``"last_layer"`` (the last ``nn.Linear``; the
@@ -179,8 +238,8 @@ def laplace(
         (laplace-torch's ``optimize_prior_precision``); if false, the model's prior precisions
         are used as they are.
     :param num_samples: draws from the Gaussian posterior kept in the result.
-    :param map_estimate: the MAP, as a one-member :class:`~pyrobnn.infer.ensemble.EnsembleResult`
-        or ``{site: value}``; default: trained here by :func:`~pyrobnn.infer.ensemble.deep_ensemble`
+    :param map_estimate: the MAP, as a one-member :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior`
+        or ``{site: value}``; default: trained here by :func:`~pyrobnn.infer.modes.ensemble.deep_ensemble`
         with ``objective="map"`` and ``map_options`` (e.g. ``{"max_epochs": 200}``).
     :param batch_size: points per batch for the curvature.
     """
@@ -253,7 +312,11 @@ def laplace(
     seconds = time.perf_counter() - start
     for p in net.parameters():
         p.requires_grad_(False)
-    return LaplaceResult(
-        ordered, {}, seconds, f"Laplace ({hessian}, {subset.replace('_', ' ')})", approximation=la, map_values=values,
-        map_net=net, likelihood=model.likelihood, covered_names=tuple(covered), latent_names=tuple(latents),
+    settings = dict(
+        subset=subset, hessian=hessian, tune_prior=tune_prior, num_samples=num_samples, map_estimate=map_estimate,
+        map_options=map_options, batch_size=batch_size, seed=seed,
+    )
+    return LaplacePosterior(
+        ordered, {}, seconds, f"Laplace ({hessian}, {subset.replace('_', ' ')})", settings=settings, model=model, approximation=la,
+        map_values=values, map_net=net, likelihood=model.likelihood, covered_names=tuple(covered), latent_names=tuple(latents),
     )

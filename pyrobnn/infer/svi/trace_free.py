@@ -3,7 +3,7 @@
 :class:`SplitELBO` runs the guide and the model under ``poutine.trace`` and walks the two
 traces: general, and the reference. For a :class:`~pyrobnn.models.BayesianModel` with one of
 our guides the structure is known in advance (one factor per weight site, a likelihood, its
-latent sites), so :class:`FlatELBO` computes the same estimator straight from the same
+latent sites), so :class:`TraceFreeELBO` computes the same estimator straight from the same
 objects: the guide's factors (:meth:`~pyrobnn.guides.WeightGuide.posterior`), the model's
 priors, the KLs registered in :mod:`pyrobnn.kl`, the estimators' layer formulas and the
 likelihood's distribution. No Pyro messenger is involved, and under local reparameterization
@@ -16,23 +16,21 @@ under the estimators. :class:`~pyrobnn.infer.SVITrainer` uses this path when it 
 
 from __future__ import annotations
 
-import pyro
 import torch
 from torch.distributions import kl_divergence
 
-from pyrobnn.estimators import ESTIMATORS, Estimator, Factor, squeeze_sample_dims, unit_noise_shape
 from pyrobnn.distributions import UnitNoiseWeights
+from pyrobnn.estimators import SUPPORTED_LAYERS, Estimator, Factor, unit_noise_shape
 from pyrobnn.guides.base import WeightGuide
-from pyrobnn.infer.elbo import ELBOTerms, SplitELBO
+from pyrobnn.infer.svi.elbo import ELBOTerms
 from pyrobnn.kl import base_distribution, kl_method
 from pyrobnn.models import BayesianModel
 from pyrobnn.models.functional import swap_parameters
-from pyrobnn.estimators import SUPPORTED_LAYERS
 
-__all__ = ["FlatELBO"]
+__all__ = ["TraceFreeELBO"]
 
 
-class FlatELBO:
+class TraceFreeELBO:
     """:class:`SplitELBO`'s estimator for a :class:`~pyrobnn.models.BayesianModel` and a
     :class:`~pyrobnn.guides.WeightGuide`, without tracing.
 
@@ -49,7 +47,7 @@ class FlatELBO:
 
     def __init__(self, model, guide, kl: str = "analytic", estimator=None, num_particles: int = 1, compile: bool = False):
         if not self.supports(model, guide, estimator):
-            raise ValueError("FlatELBO needs a pyrobnn BayesianModel, a pyrobnn guide, and supported layers")
+            raise ValueError("TraceFreeELBO needs a pyrobnn BayesianModel, a pyrobnn guide, and supported layers")
         self.model, self.guide = model, guide
         self.kl = kl
         self.estimator = estimator

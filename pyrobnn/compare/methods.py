@@ -1,0 +1,211 @@
+"""The methods of ``pyrobnn compare``, one registry entry each, and the effort each gets.
+
+A :class:`Method` says how to build its model's prior and how to fit it on a split; every fit
+returns a posterior with the verbs of :mod:`pyrobnn.infer.posterior` (a
+:class:`~pyrobnn.infer.posterior.Posterior` or a
+:class:`~pyrobnn.infer.variational.VariationalPosterior`), whose ``predict`` the runner scores.
+Adding a method to the comparison is one :func:`register` call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pyro.distributions as dist
+
+import pyrobnn
+from pyrobnn.infer.mcmc import ensemble_sampling, nuts
+from pyrobnn.infer.modes import deep_ensemble, laplace, swag
+from pyrobnn.infer.sgmcmc import sghmc, sgld
+from pyrobnn.infer.variational import VariationalPosterior
+
+__all__ = ["Method", "METHODS", "REFERENCES", "register", "Settings", "settings", "build_model", "split_ensemble", "predict_on"]
+
+
+def _normal_prior():
+    return pyrobnn.NormalPrior(1.0)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of the comparison.
+
+    :ivar fit: ``fit(model, split, settings, seed, progress, shared) -> posterior``; ``shared``
+        holds what the methods of one split share (its deep ensemble, :func:`split_ensemble`).
+    :ivar prior: the weight prior its family is defined with.
+    :ivar on_ensemble: built on the split's deep ensemble, whose training time then counts in
+        its fit time even when another method trained it first.
+    """
+
+    key: str
+    label: str
+    fit: Callable
+    prior: Callable = _normal_prior
+    on_ensemble: bool = False
+
+
+#: the compared methods, by key (``pyrobnn compare --methods``); the reference's row (key
+#: ``"reference"``) always runs, with the sampler chosen from :data:`REFERENCES`
+METHODS: dict = {}
+#: the reference samplers, by key (``pyrobnn compare --reference``); their rows are keyed "reference"
+REFERENCES: dict = {}
+
+
+def register(method: Method, reference: bool = False) -> Method:
+    """Add ``method`` to the comparison (to the reference samplers with ``reference=True``)."""
+    table = REFERENCES if reference else METHODS
+    if method.key in table:
+        raise ValueError(f"a method with key {method.key!r} is registered already")
+    table[method.key] = method
+    return method
+
+
+@dataclass
+class Settings:
+    """Effort per method; :func:`settings` gives the defaults and the ``--quick`` ones."""
+
+    epochs: int
+    batch_size: Optional[int]
+    lr: float
+    num_predictive: int
+    chains: int  # random-start NUTS chains
+    warmup: int  # NUTS warm-up iterations
+    samples: int  # NUTS draws per chain
+    max_tree_depth: int
+    members: int  # deep-ensemble members (one chain each for the ensemble-initialized reference)
+    ensemble_epochs: int
+    mclmc_warmup: tuple  # steps of MCLMC's three tuning phases
+    mclmc_samples: int  # MCLMC steps after tuning
+    mclmc_thinning: int
+    sg_epochs: int  # SGLD/SGHMC epochs (half burn-in) and SWAG's SGD epochs after the MAP (step sizes "auto")
+
+
+def settings(dataset: str, quick: bool) -> Settings:
+    if quick:
+        return Settings(epochs=150, batch_size=None, lr=1e-2, num_predictive=100, chains=2, warmup=60, samples=60, max_tree_depth=5,
+                        members=2, ensemble_epochs=500, mclmc_warmup=(300, 50, 50), mclmc_samples=400, mclmc_thinning=4,
+                        sg_epochs=20)
+    if dataset == "toy":
+        return Settings(epochs=3000, batch_size=None, lr=1e-2, num_predictive=500, chains=8, warmup=300, samples=300, max_tree_depth=10,
+                        members=8, ensemble_epochs=2000, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10,
+                        sg_epochs=200)
+    return Settings(epochs=400, batch_size=32, lr=1e-2, num_predictive=500, chains=4, warmup=200, samples=200, max_tree_depth=8,
+                    members=8, ensemble_epochs=400, mclmc_warmup=(16_000, 2_000, 2_000), mclmc_samples=10_000, mclmc_thinning=10,
+                    sg_epochs=100)
+
+
+def _noise_prior():
+    # log-normal on the noise scale in standardized units: median 0.25, covering 0.03-2
+    return dist.LogNormal(math.log(0.25), 1.0)
+
+
+def build_model(method: Method, in_features: int, hidden: int, activation: str):
+    """The network every method fits (one hidden layer), with the Gaussian likelihood whose noise
+    scale has a log-normal prior, and the method's weight prior."""
+    net = pyrobnn.MLP(in_features, 1, hidden=(hidden,), activation=activation)
+    return pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=_noise_prior()), method.prior())
+
+
+def split_ensemble(model, split, s, seed, progress, shared):
+    """The split's deep ensemble (MAP under the model's prior), trained once per split."""
+    if "ensemble" not in shared:
+        shared["ensemble"] = deep_ensemble(
+            model, split["x_train"], split["y_train"], num_members=s.members, validation=0.1, objective="map", lr=s.lr,
+            batch_size=s.batch_size, max_epochs=s.ensemble_epochs, patience=20, seed=seed, progress=progress,
+        )
+    return shared["ensemble"]
+
+
+def predict_on(posterior, x, s, seed):
+    """A method's predictive at ``x``: all of a posterior's draws, or ``num_predictive`` draws
+    of a guide."""
+    num = s.num_predictive if isinstance(posterior, VariationalPosterior) else None
+    return posterior.predict(x, num, seed=seed)
+
+
+# -- the reference samplers ------------------------------------------------------------------
+
+def _random_start_nuts(model, split, s, seed, progress, shared):
+    return nuts(model, split["x_train"], split["y_train"], num_samples=s.samples, num_warmup=s.warmup, num_chains=s.chains,
+                max_tree_depth=s.max_tree_depth, seed=seed, progress=progress)
+
+
+def _ensemble_initialized(sampler):
+    def fit(model, split, s, seed, progress, shared):
+        ensemble = split_ensemble(model, split, s, seed, progress, shared)
+        options = (
+            dict(num_samples=s.mclmc_samples, num_warmup=s.mclmc_warmup, thinning=s.mclmc_thinning)
+            if sampler == "mclmc" else dict(num_samples=s.samples, num_warmup=s.warmup, max_tree_depth=s.max_tree_depth)
+        )
+        return ensemble_sampling(model, split["x_train"], split["y_train"], ensemble, sampler, seed=seed, progress=progress, **options)
+
+    return fit
+
+
+register(Method("ensemble-mclmc", "DE-initialized MCLMC (reference)", _ensemble_initialized("mclmc"), on_ensemble=True), reference=True)
+register(Method("ensemble-nuts", "DE-initialized NUTS (reference)", _ensemble_initialized("nuts"), on_ensemble=True), reference=True)
+register(Method("nuts", "NUTS from random starts (reference)", _random_start_nuts), reference=True)
+
+
+# -- the compared methods --------------------------------------------------------------------
+
+def _the_ensemble(model, split, s, seed, progress, shared):
+    return split_ensemble(model, split, s, seed, progress, shared)
+
+
+def _minibatch(split, s):
+    return min(s.batch_size or 32, split["x_train"].shape[0])  # minibatches even where the VI methods take full batches
+
+
+def _laplace(model, split, s, seed, progress, shared):
+    first = split_ensemble(model, split, s, seed, progress, shared).member(0)
+    return laplace(model, split["x_train"], split["y_train"], subset="all", hessian="kron", map_estimate=first, num_samples=s.num_predictive, seed=seed)
+
+
+def _swag(model, split, s, seed, progress, shared):
+    first = split_ensemble(model, split, s, seed, progress, shared).member(0)
+    return swag(model, split["x_train"], split["y_train"], num_epochs=s.sg_epochs, lr="auto", batch_size=_minibatch(split, s), rank=20,
+                num_samples=s.num_predictive, map_estimate=first, seed=seed, progress=progress)
+
+
+def _sg_mcmc(sampler, **extra):
+    def fit(model, split, s, seed, progress, shared):
+        ensemble = split_ensemble(model, split, s, seed, progress, shared)
+        batch = _minibatch(split, s)
+        steps = s.sg_epochs * math.ceil(split["x_train"].shape[0] / batch)
+        kept_per_chain = max(1, s.num_predictive // ensemble.num_chains)
+        thinning = max(1, (steps - steps // 2) // kept_per_chain)
+        return sampler(model, split["x_train"], split["y_train"], step_size="auto", num_steps=steps, num_burnin=steps // 2,
+                       thinning=thinning, batch_size=batch, init=ensemble, seed=seed, progress=progress, **extra)
+
+    return fit
+
+
+def _vi(make_guide, elbo="meanfield", estimator="local"):
+    def fit(model, split, s, seed, progress, shared):
+        guide = make_guide(model)
+        history = pyrobnn.fit(model, guide, split["x_train"], split["y_train"], epochs=s.epochs, batch_size=s.batch_size, lr=s.lr,
+                              elbo=elbo, estimator=estimator, progress=progress, seed=seed)
+        return VariationalPosterior(model, guide, history, settings=dict(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, elbo=elbo))
+
+    return fit
+
+
+for _method in (
+    Method("ensemble", "deep ensemble", _the_ensemble, on_ensemble=True),
+    Method("laplace", "Laplace (KFAC, all weights, GLM predictive)", _laplace, on_ensemble=True),
+    Method("swag", "SWAG", _swag, on_ensemble=True),
+    Method("sgld", "SGLD (from the ensemble)", _sg_mcmc(sgld), on_ensemble=True),
+    Method("sghmc", "SGHMC (from the ensemble)", _sg_mcmc(sghmc, friction=0.1), on_ensemble=True),
+    Method("meanfield", "mean-field, Gaussian prior", _vi(lambda m: pyrobnn.MeanFieldNormal(m))),
+    Method("meanfield_mixture", "mean-field, scale-mixture prior", _vi(lambda m: pyrobnn.MeanFieldNormal(m), elbo="trace"),
+           prior=lambda: pyrobnn.ScaleMixturePrior(0.5, 1.0, math.exp(-6))),
+    Method("variational_dropout", "variational dropout", _vi(lambda m: pyrobnn.VariationalDropout(m, log_alpha_range=(-8.0, 0.0))),
+           prior=lambda: pyrobnn.LogUniformPrior()),
+    Method("sparse_vd", "sparse VD, log-uniform prior", _vi(lambda m: pyrobnn.SparseVariationalDropout(m)), prior=lambda: pyrobnn.LogUniformPrior()),
+    Method("mc_dropout", "MC dropout", _vi(lambda m: pyrobnn.MCDropout(m, p=0.05))),
+    Method("concrete_dropout", "concrete dropout", _vi(lambda m: pyrobnn.ConcreteDropout(m))),
+):
+    register(_method)

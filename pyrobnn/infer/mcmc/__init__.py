@@ -1,0 +1,9 @@
+"""Full-batch MCMC on a BayesianModel: the NUTS and MCLMC kernels (:mod:`.nuts_kernel`,
+:mod:`.mclmc_kernel`), the code paths that run them (:mod:`.budget`: native kernels in
+:mod:`.native`, ``torch.compile`` or eager torch), the one model-level runner (:mod:`.runner`)
+and the samplers as methods (:mod:`.samplers`)."""
+
+from pyrobnn.infer.mcmc.runner import initial_positions
+from pyrobnn.infer.mcmc.samplers import ensemble_sampling, mclmc, nuts, pyro_nuts
+
+__all__ = ["nuts", "mclmc", "pyro_nuts", "ensemble_sampling", "initial_positions"]

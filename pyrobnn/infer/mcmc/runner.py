@@ -1,0 +1,139 @@
+"""The model-level sampler runner: what every full-batch sampler of a BayesianModel shares.
+
+:func:`run_sampler` checks the model and data once, builds the flat potential
+(:class:`~pyrobnn.infer.potential.FlatPotential`) and the starting positions
+(:func:`initial_positions`), lets the budget pick the code that runs the kernel
+(:mod:`pyrobnn.infer.mcmc.budget`), runs the kernel without gradients and unpacks the draws into
+a :class:`~pyrobnn.infer.posterior.Posterior`. :func:`run_in_process_groups` splits the chains
+over processes (:mod:`pyrobnn.infer.processes`) and joins their posteriors.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import pyro
+import torch
+
+from pyrobnn.infer.mcmc import native as native_kernels
+from pyrobnn.infer.mcmc.budget import ExecutionPath, choose_path
+from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
+from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
+
+__all__ = ["run_sampler", "run_in_process_groups", "initial_positions", "energies", "label"]
+
+
+def label(name: str, init) -> str:
+    """The method's label: ``"pyrobnn NUTS"``, ``"pyrobnn MCLMC (ensemble-initialized)"``."""
+    return f"pyrobnn {name}" + (" (ensemble-initialized)" if init is not None else "")
+
+
+def run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, compile, evaluations, bound=False, settings=None) -> Posterior:
+    """What the model-level samplers share: check the model and data, build the potential and
+    the starting positions, let the budget pick the path (:func:`~pyrobnn.infer.budget.choose_path`,
+    for ``evaluations`` gradient evaluations per chain), run ``run(potential_fn, z0, generator,
+    path)`` without gradients (a failed ``torch.compile`` falls back to eager code with a
+    warning), and unpack the draws ``(chains, draws, dim)`` into sites, with the potential at
+    every draw and the path in the stats."""
+    check_samplable(model)
+    x, y = validate_training_data(model, x, y)
+    x, y = x.to(model.device), y.to(model.device)
+    was_training = model.training
+    model.eval()
+    path = None
+    try:
+        potential = FlatPotential(model, x, y)
+        generator = torch.Generator(device=model.device).manual_seed(seed)
+        z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+        start = time.perf_counter()
+        # the positions are unconstrained and mapped into each support, so distribution argument
+        # checks (Pyro's validation) cannot fail here except on a non-finite step, which the
+        # samplers undo or count as divergent; inside compiled code each check would also be a
+        # data-dependent branch, which the compiled NUTS loop refuses
+        with torch.no_grad(), pyro.validation_enabled(False):
+            path = choose_path(potential, z0, compile, name, evaluations, bound)
+            if path.kind == "native":
+                draws, stats = run(path.native.value_and_grad, z0, generator, path)
+            elif path.kind == "torch.compile":
+                try:
+                    draws, stats = run(potential.value_and_grad_functional, z0, generator, path)
+                except Exception as e:  # no C++ compiler, an unsupported operation, ...
+                    warnings.warn(f"{name} runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                    path = ExecutionPath("eager", f"torch.compile failed ({type(e).__name__}); {path.reason}")
+                    generator.manual_seed(seed)
+                    z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+                    draws, stats = run(potential.value_and_grad, z0, generator, path)
+            else:
+                draws, stats = run(potential.value_and_grad, z0, generator, path)
+        seconds = time.perf_counter() - start
+        chains, kept = draws.shape[:2]
+        values = potential.unpack(draws.reshape(chains * kept, potential.dim))
+        if "energy" not in stats:
+            stats["energy"] = energies(potential, draws)
+        stats.update(path.stats())
+    finally:
+        model.train(was_training)
+        if path is not None and path.native is not None:
+            path.native.close()
+    samples = {k: v.reshape((chains, kept) + v.shape[1:]) for k, v in values.items()}
+    return Posterior(samples, stats, seconds, label(name, init), "mcmc", settings or {}, model)
+
+
+def run_in_process_groups(sampler, name, model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress, settings=None):
+    """``sampler`` (:func:`nuts` or :func:`mclmc`) with its chains split over ``num_processes``
+    processes: the starting positions are drawn here (from ``seed``, as in one process), group
+    ``i`` samples from the seed ``seed + i``, and the groups' draws and per-chain statistics are
+    joined in chain order."""
+    check_positive_int("num_processes", num_processes)
+    check_samplable(model)
+    x, y = validate_training_data(model, x, y)
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    z0 = initial_positions(FlatPotential(model), init, num_chains, init_radius, generator)  # the layout only
+    groups = split_rows(z0, num_processes)
+    if options.get("compile") is not False and native_kernels.unsupported_reason(model, x) is None:
+        try:  # built once here, so that the processes load it instead of each building its own
+            native_kernels.library()
+        except native_kernels.NativeUnavailable:
+            pass  # each process will say why in its stats
+    calls = [((model, x, y), dict(options, init=g, seed=seed + i, progress=False)) for i, g in enumerate(groups)]
+    start = time.perf_counter()
+    results = run_in_processes(sampler, calls, progress=progress, desc=f"{name}, {len(groups)} processes")
+    seconds = time.perf_counter() - start
+    samples = concat_rows([r.samples for r in results])
+    stats = concat_rows([r.stats for r in results])
+    return Posterior(samples, stats, seconds, label(name, init), "mcmc", settings or {}, model)
+
+
+def initial_positions(potential, init, num_chains, init_radius, generator):
+    """Unconstrained starting positions ``(chains, dim)``: uniform on ``[-init_radius,
+    init_radius]`` (``init=None``), or from ``init`` (a :class:`~pyrobnn.infer.posterior.Posterior`:
+    the last draw of each chain, so one chain per ensemble member; or a tensor)."""
+    if init is None:
+        if not isinstance(num_chains, int) or num_chains < 1:
+            raise ValueError(f"num_chains must be a positive integer, got {num_chains!r}")
+        return potential.initial(num_chains, init_radius, generator)
+    if isinstance(init, Posterior):
+        z = potential.pack({k: v[:, -1] for k, v in init.samples.items()})
+    elif isinstance(init, torch.Tensor):
+        z = init
+    else:
+        raise TypeError(f"init must be a Posterior (a deep ensemble, or a sampler's result: its last draws) or a tensor, got {type(init).__name__}")
+    if z.dim() != 2 or z.shape[1] != potential.dim:
+        raise ValueError(f"init must hold positions of shape (chains, {potential.dim}), got {tuple(z.shape)}")
+    if not torch.isfinite(z).all():
+        raise ValueError("init holds non-finite positions")
+    return z.detach().to(dtype=potential.model.dtype, device=potential.model.device).clone()
+
+
+@torch.no_grad()
+def energies(potential, draws):
+    """The potential at every draw, ``(chains, draws)``: the log-density trace that tells a
+    chain still climbing from one that is stationary."""
+    chains, n, dim = draws.shape
+    if n == 0:
+        return draws.new_zeros(chains, 0)
+    out = [potential(draws[:, i : i + 256].transpose(0, 1).reshape(-1, dim)).reshape(-1, chains).T for i in range(0, n, 256)]
+    return torch.cat(out, 1)

@@ -1,0 +1,12 @@
+"""Posteriors built from optimized modes of the log joint: deep ensembles (the modes
+themselves, :mod:`.ensemble`), the Laplace approximation (a Gaussian at one mode from its
+curvature, :mod:`.laplace`) and SWAG (a Gaussian from SGD's iterates around one, :mod:`.swag`)."""
+
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble, member_initializations, train_members
+from pyrobnn.infer.modes.laplace import LaplacePosterior, laplace
+from pyrobnn.infer.modes.swag import SWAGMoments, SWAGPosterior, swag, swag_moments
+
+__all__ = [
+    "deep_ensemble", "EnsemblePosterior", "member_initializations", "train_members",
+    "laplace", "LaplacePosterior", "swag", "SWAGPosterior", "SWAGMoments", "swag_moments",
+]

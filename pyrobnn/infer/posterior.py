@@ -1,0 +1,342 @@
+r"""One result type for every posterior method: draws of the model's latent sites with the verbs
+every method shares.
+
+A :class:`Posterior` holds draws ``{site: (chains, draws, *shape)}`` of a
+:class:`~pyrobnn.models.BayesianModel`'s latent sites (its random weights and any latent noise
+scale), the statistics the method recorded (a fixed schema, :data:`STATS`), the wall time and
+how it was made. NUTS, MCLMC, SGLD and SGHMC fill it with Markov chains; a deep ensemble with one
+draw per member (:class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior`); Laplace and SWAG
+with draws from their Gaussians (:class:`~pyrobnn.infer.modes.laplace.LaplacePosterior`,
+:class:`~pyrobnn.infer.modes.swag.SWAGPosterior`, which add what is theirs: the linearized
+predictive, the moments). A trained guide gets the same verbs through
+:class:`~pyrobnn.infer.variational.VariationalPosterior`.
+
+The verbs:
+
+- ``predict(x)``: the posterior predictive (:func:`pyrobnn.predict`), the mixture over all draws;
+- ``to_arviz(x, y)``: an ``arviz.InferenceData`` (:func:`pyrobnn.diagnostics.inference_data`);
+- ``save(path)`` / ``Posterior.load(path, model)``: one file written atomically and read with
+  ``torch.load(weights_only=True)``; the model's structure is recorded and a model that differs is
+  refused, naming what differs;
+- ``summary()``: what it is, how it was made, and the diagnostics that apply to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = ["Posterior", "STATS", "FAMILIES", "structure", "check_structure", "load_posterior", "evenly_spaced", "FORMAT"]
+
+FORMAT = "pyrobnn-posterior"
+VERSION = 1
+
+#: What a posterior's ``stats`` may hold, and in which shape: ``"draw"`` values are
+#: ``(chains, draws, ...)``, ``"chain"`` values ``(chains, ...)`` and ``"run"`` values describe
+#: the whole run (a number, a string, or a tensor without a chain axis). Any other key is refused,
+#: so that no method records a statistic that the verbs would then not find.
+STATS = {
+    # per draw
+    "diverging": ("draw", "whether the NUTS transition to this draw diverged"),
+    "accept_prob": ("draw", "NUTS's mean acceptance probability over the tree"),
+    "tree_depth": ("draw", "the depth of the NUTS tree"),
+    "num_steps": ("draw", "leapfrog steps of the NUTS transition"),
+    "energy": ("draw", "the potential, -log p(w, D) up to a constant, at the draw"),
+    "energy_change": ("draw", "MCLMC's energy error of the step that made the draw"),
+    # per chain (or member, or run of MultiSWAG)
+    "step_size": ("chain", "the sampler's (final) step size"),
+    "L": ("chain", "MCLMC's momentum decoherence length"),
+    "inv_mass": ("chain", "the diagonal inverse mass matrix (preconditioner)"),
+    "nonfinite": ("chain", "steps undone because they gave a non-finite value, while sampling"),
+    "nonfinite_warmup": ("chain", "steps undone because they gave a non-finite value, while tuning"),
+    "val_nll": ("chain", "a member's best validation negative log-likelihood per point"),
+    "train_loss": ("chain", "a member's final training loss per point"),
+    "best_epoch": ("chain", "the epoch of a member's best validation loss"),
+    "epochs": ("chain", "epochs a member trained"),
+    # the run
+    "step": ("run", "the step (counted from 1) that made each kept draw (SG-MCMC)"),
+    "lr": ("run", "the learning rate (SWAG's SGD)"),
+    "epoch_loss": ("run", "the training loss per point after each epoch (SWAG)"),
+    "path": ("run", "which code ran the sampler: native, torch.compile or eager"),
+    "path_reason": ("run", "why that code ran"),
+}
+
+#: a method's family: what its draws are, and so which diagnostics apply
+FAMILIES = {
+    "mcmc": "Markov chains of a full-batch sampler",
+    "sgmcmc": "Markov chains of a stochastic-gradient sampler (no Metropolis correction)",
+    "ensemble": "one draw per member of a deep ensemble (independent optima)",
+    "laplace": "independent draws from a Gaussian at the MAP (Laplace)",
+    "swag": "independent draws from the SWAG Gaussian",
+    "variational": "draws from a trained guide",
+}
+
+
+def structure(model) -> dict:
+    """What a saved posterior must match in a model: the classes of its network and likelihood,
+    its weight sites with their shapes, and its latent likelihood sites."""
+    return {
+        "net": type(model.net).__name__,
+        "likelihood": type(model.likelihood).__name__,
+        "sites": [[s.name, list(s.shape)] for s in model.sites],
+        "latent_sites": list(model.likelihood.latent_sites()),
+    }
+
+
+def check_structure(saved: dict, model, path) -> None:
+    """Refuse ``model`` where it differs from the ``saved`` structure, naming what differs."""
+    current = structure(model)
+    for key, what in (("net", "a network of type"), ("likelihood", "a likelihood of type")):
+        if saved.get(key) != current[key]:
+            raise ValueError(f"{path} was saved for {what} {saved.get(key)}; this model has {current[key]}")
+    if saved.get("sites") != current["sites"]:
+        theirs = {n: s for n, s in saved.get("sites", [])}
+        ours = {n: s for n, s in current["sites"]}
+        diff = sorted(set(theirs) ^ set(ours)) or [n for n in ours if theirs.get(n) != ours[n]]
+        name = diff[0] if diff else None
+        raise ValueError(
+            f"{path} was saved for other weight sites: site {name!r} is {theirs.get(name, 'absent')} there "
+            f"and {ours.get(name, 'absent')} in this model"
+        )
+    if saved.get("latent_sites") != current["latent_sites"]:
+        raise ValueError(f"{path} was saved for the latent sites {saved.get('latent_sites')}; this model has {current['latent_sites']}")
+
+
+def _check_stats(stats: dict, chains: int, draws: int) -> None:
+    for key, value in stats.items():
+        if key not in STATS:
+            raise ValueError(f"stats key {key!r} is not in the schema (pyrobnn.infer.posterior.STATS)")
+        kind = STATS[key][0]
+        if kind == "run" or not isinstance(value, torch.Tensor):
+            continue
+        expected = (chains, draws) if kind == "draw" else (chains,)
+        if tuple(value.shape[: len(expected)]) != expected:
+            raise ValueError(f"stats[{key!r}] has shape {tuple(value.shape)}; a {kind} statistic needs {expected} first")
+
+
+_KINDS: dict = {}
+
+
+@dataclass
+class Posterior:
+    """Draws of every latent site, ``{name: (chains, draws, *shape)}``, with the method's
+    statistics (:data:`STATS`), its wall time in seconds, a label, its family (:data:`FAMILIES`),
+    the settings it was made with, and the model it belongs to."""
+
+    samples: dict
+    stats: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    method: str = ""
+    family: str = "mcmc"
+    settings: dict = field(default_factory=dict)
+    model: object = field(default=None, repr=False, compare=False)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _KINDS[cls.__name__] = cls
+
+    def __post_init__(self):
+        if not isinstance(self.samples, dict) or not self.samples:
+            raise ValueError("a posterior needs draws: samples must be a non-empty dict {site: (chains, draws, *shape)}")
+        shapes = {k: tuple(v.shape[:2]) for k, v in self.samples.items()}
+        if len(set(shapes.values())) != 1 or any(len(s) != 2 for s in shapes.values()):
+            raise ValueError(f"every site needs draws of shape (chains, draws, ...) with the same chains and draws, got {shapes}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {self.family!r}")
+        _check_stats(self.stats, self.num_chains, self.num_draws)
+
+    # -- shape -------------------------------------------------------------------------------
+    @property
+    def num_chains(self) -> int:
+        return next(iter(self.samples.values())).shape[0]
+
+    @property
+    def num_draws(self) -> int:
+        """Draws per chain."""
+        return next(iter(self.samples.values())).shape[1]
+
+    def flat_samples(self) -> dict:
+        """``{name: (chains * draws, *shape)}``, as ``pyro.infer.Predictive`` takes them."""
+        return {k: v.reshape((-1,) + v.shape[2:]) for k, v in self.samples.items()}
+
+    @property
+    def num_divergences(self) -> int:
+        """Divergent transitions over all chains (NUTS; 0 for a method without transitions)."""
+        d = self.stats.get("diverging")
+        return int(d.sum()) if isinstance(d, torch.Tensor) else 0
+
+    def _require_model(self, verb):
+        if self.model is None:
+            raise ValueError(f"{verb} needs the model: this posterior was made without one; set posterior.model = model")
+        return self.model
+
+    # -- verbs -------------------------------------------------------------------------------
+    def predict(self, x, num_samples=None, **kwargs):
+        """The posterior predictive at ``x`` (:func:`pyrobnn.predict`): the equal-weight mixture
+        over all draws, or over ``num_samples`` of them spread evenly over the chains."""
+        from pyrobnn.predictive import predict
+
+        return predict(self._require_model("predict"), self, x, num_samples, **kwargs)
+
+    def to_arviz(self, x, y=None, observed: bool = True):
+        """An ``arviz.InferenceData`` (:func:`pyrobnn.diagnostics.inference_data`): the sites and
+        the network's output at ``x`` per chain and draw, simulated targets, and with ``y`` the
+        pointwise log-likelihood (for ``az.loo``) and the observed data; the sampler's per-draw
+        statistics in ``sample_stats``."""
+        from pyrobnn.diagnostics import inference_data
+
+        return inference_data(self._require_model("to_arviz"), self, x, y, observed)
+
+    def _extra_state(self) -> dict:
+        """What a subclass saves beside the draws (tensors and plain values)."""
+        return {}
+
+    @classmethod
+    def _from_saved(cls, fields: dict, extra: dict, model):
+        return cls(**fields, model=model)
+
+    def save(self, path) -> None:
+        """Write the posterior to ``path`` atomically (a temporary file renamed over it), as
+        tensors and plain values that ``torch.load(weights_only=True)`` reads."""
+        from pyrobnn.io import atomic_save
+
+        model = self._require_model("save")
+        stats = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in self.stats.items()}
+        atomic_save(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "kind": type(self).__name__,
+                "structure": structure(model),
+                "samples": {k: v.detach().cpu() for k, v in self.samples.items()},
+                "stats": stats,
+                "seconds": float(self.seconds),
+                "method": self.method,
+                "family": self.family,
+                "settings": plain(self.settings),
+                "extra": self._extra_state(),
+            },
+            path,
+        )
+
+    @classmethod
+    def load(cls, path, model, map_location=None) -> "Posterior":
+        """Read a posterior written by :meth:`save` for ``model``: the file must hold a
+        posterior (of this class or a subclass of it) saved for a model of the same structure
+        (:func:`structure`); the draws are moved to the model's device."""
+        from pyrobnn.io import safe_load
+
+        obj = safe_load(path, map_location)
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a saved pyrobnn posterior")
+        if obj.get("version") != VERSION:
+            raise ValueError(f"{path} has posterior format version {obj.get('version')}; this pyrobnn reads {VERSION}")
+        kind = _KINDS.get(obj.get("kind"), Posterior if obj.get("kind") == "Posterior" else None)
+        if kind is None:
+            raise ValueError(f"{path} holds a posterior of unknown kind {obj.get('kind')!r}")
+        if not issubclass(kind, cls):
+            raise ValueError(f"{path} holds a {kind.__name__}, not a {cls.__name__}")
+        check_structure(obj["structure"], model, path)
+        device = model.device
+        fields = {
+            "samples": {k: v.to(device) for k, v in obj["samples"].items()},
+            "stats": obj["stats"],
+            "seconds": obj["seconds"],
+            "method": obj["method"],
+            "family": obj["family"],
+            "settings": obj["settings"],
+        }
+        return kind._from_saved(fields, obj.get("extra", {}), model)
+
+    def summary(self) -> str:
+        """What this posterior is, how it was made, and the diagnostics that apply to it, in a
+        few lines of text."""
+        lines = [self._headline(), self._provenance()]
+        lines += [f"  {line}" for line in self._diagnostics()]
+        return "\n".join(lines)
+
+    def _headline(self) -> str:
+        dim = sum(v[0, 0].numel() for v in self.samples.values())
+        model = f" of {type(self.model.net).__name__} with {type(self.model.likelihood).__name__}" if self.model is not None else ""
+        return (
+            f"{self.method or type(self).__name__}{model}: {self.num_chains} chain(s) x {self.num_draws} draw(s) of "
+            f"{len(self.samples)} site(s), {dim} numbers per draw ({FAMILIES[self.family]})"
+        )
+
+    def _provenance(self) -> str:
+        made = f"made in {self.seconds:.1f} s"
+        if "path" in self.stats:
+            made += f" on the {self.stats['path']} path ({self.stats.get('path_reason', '')})"
+        if self.settings:
+            shown = ", ".join(f"{k}={v}" for k, v in self.settings.items())
+            made += f"; settings: {shown}"
+        return made
+
+    def _diagnostics(self) -> list:
+        out = []
+        for key in ("nonfinite_warmup", "nonfinite"):
+            value = self.stats.get(key)
+            if isinstance(value, torch.Tensor) and int(value.sum()):
+                out.append(f"{key}: {int(value.sum())} steps undone for a non-finite value, per chain {value.tolist()}")
+        if "diverging" in self.stats:
+            out.append(f"divergent transitions: {self.num_divergences} of {self.num_chains * self.num_draws}")
+        energy = self.stats.get("energy")
+        if self.family in ("mcmc", "sgmcmc") and isinstance(energy, torch.Tensor) and energy.shape[1] >= 8:
+            from pyrobnn.diagnostics import between_chain_rhat, within_chain_rhat
+
+            within = within_chain_rhat(energy)
+            out.append(f"within-chain split R-hat of the log density: worst {np.nanmax(within):.3f} (per chain {np.round(within, 3).tolist()})")
+            if self.num_chains > 1:
+                out.append(
+                    f"between-chain R-hat of the log density: {between_chain_rhat(energy):.3f} (chains started apart, as from an "
+                    "ensemble, explore different modes by design: judge them within chains)"
+                )
+        if self.family == "sgmcmc":
+            out.append("no Metropolis correction: the draws carry a step-size bias")
+        return out
+
+
+def plain(value):
+    """``value`` with anything that is not a tensor, number, string or container of them
+    replaced by a short description (the settings may hold an ensemble given as ``init``)."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Posterior):
+        return f"{type(value).__name__} ({value.method}, {value.num_chains} chains)"
+    return f"{type(value).__name__}"
+
+
+def load_posterior(path, model, guide=None, map_location=None):
+    """Read any saved posterior for ``model``: a :class:`Posterior` (or subclass) written by its
+    ``save``, or a guide written by :func:`pyrobnn.save` / ``VariationalPosterior.save``, which
+    loads into ``guide`` and comes back as a
+    :class:`~pyrobnn.infer.variational.VariationalPosterior`."""
+    from pyrobnn.io import FORMAT as GUIDE_FORMAT, safe_load
+
+    obj = safe_load(path, map_location)
+    fmt = obj.get("format") if isinstance(obj, dict) else None
+    if fmt == FORMAT:
+        return Posterior.load(path, model, map_location)
+    if fmt == GUIDE_FORMAT:
+        if guide is None:
+            raise ValueError(f"{path} holds a trained guide: pass the guide to load it into (guide=...)")
+        from pyrobnn.infer.variational import VariationalPosterior
+
+        return VariationalPosterior.load(path, model, guide, map_location)
+    raise ValueError(f"{path} is not a saved pyrobnn posterior or guide")
+
+
+def evenly_spaced(available: int, wanted: int) -> torch.Tensor:
+    """``wanted`` indices spread evenly over ``range(available)`` (all draws when ``wanted`` is
+    at least ``available``): a subset of a posterior's flattened draws that covers every chain."""
+    if wanted >= available:
+        return torch.arange(available)
+    return torch.linspace(0, available - 1, wanted, dtype=torch.float64).round().long()

@@ -1,0 +1,15 @@
+"""Stochastic variational inference: the ELBO with its terms apart (:mod:`.elbo`), its trace-free
+form for our guides (:mod:`.trace_free`), the objective that picks between them
+(:mod:`.objective`), the training loop (:mod:`.trainer`) with its schedules (:mod:`.schedules`)
+and its handling of failed steps (:mod:`.failures`)."""
+
+from pyrobnn.infer.svi.elbo import ELBOTerms, SplitELBO, make_elbo
+from pyrobnn.infer.svi.failures import InvalidBatchError, NonFiniteLossError
+from pyrobnn.infer.svi.schedules import KLAnnealing
+from pyrobnn.infer.svi.trace_free import TraceFreeELBO
+from pyrobnn.infer.svi.trainer import History, SVITrainer, fit
+
+__all__ = [
+    "fit", "SVITrainer", "History", "KLAnnealing", "SplitELBO", "ELBOTerms", "make_elbo", "TraceFreeELBO",
+    "NonFiniteLossError", "InvalidBatchError",
+]

@@ -1,0 +1,183 @@
+"""Every method's result answers the same verbs: predict, to_arviz, save/load, summary."""
+
+import math
+import os
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import pyrobnn
+from pyrobnn.infer.posterior import STATS, Posterior
+
+
+def _model(hidden=4, noise=0.1):
+    torch.manual_seed(0)
+    scale = dist.LogNormal(math.log(0.1), 0.5) if noise is None else noise
+    return pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(hidden,)), pyrobnn.GaussianLikelihood(scale=scale), pyrobnn.NormalPrior(1.0))
+
+
+def _data(n=24):
+    g = torch.Generator().manual_seed(1)
+    x = torch.linspace(-1, 1, n).unsqueeze(-1)
+    return x, torch.sin(2 * x) + 0.1 * torch.randn(n, 1, generator=g)
+
+
+def _fit(name, model, x, y):
+    quiet = dict(progress=False)
+    if name == "nuts":
+        return pyrobnn.nuts(model, x, y, num_samples=10, num_warmup=10, num_chains=2, compile=False, **quiet)
+    if name == "mclmc":
+        return pyrobnn.mclmc(model, x, y, num_samples=40, num_warmup=(20, 5, 5), num_chains=2, thinning=4, compile=False, **quiet)
+    ensemble = pyrobnn.deep_ensemble(model, x, y, num_members=2, max_epochs=5, batch_size=8, **quiet)
+    if name == "ensemble":
+        return ensemble
+    if name == "ensemble_mclmc":
+        return pyrobnn.ensemble_sampling(model, x, y, ensemble, "mclmc", num_samples=40, num_warmup=(20, 5, 5), thinning=4, compile=False, **quiet)
+    if name == "laplace":
+        return pyrobnn.laplace(model, x, y, hessian="diag", tune_prior=False, map_estimate=ensemble.member(0), num_samples=10)
+    if name == "swag":
+        return pyrobnn.swag(model, x, y, num_epochs=3, batch_size=8, rank=2, num_samples=10, map_estimate=ensemble.member(0), **quiet)
+    if name in ("sgld", "sghmc"):
+        return getattr(pyrobnn, name)(model, x, y, num_steps=20, thinning=2, batch_size=8, num_chains=2, **quiet)
+    if name == "variational":
+        guide = pyrobnn.MeanFieldNormal(model)
+        history = pyrobnn.fit(model, guide, x, y, epochs=5, **quiet)
+        return pyrobnn.VariationalPosterior(model, guide, history)
+    raise ValueError(name)
+
+
+METHODS = ["nuts", "mclmc", "ensemble", "ensemble_mclmc", "laplace", "swag", "sgld", "sghmc", "variational"]
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_saves_loads_and_predicts_identically(name, tmp_path):
+    x, y = _data()
+    model = _model(noise=None if name in ("nuts", "mclmc", "sgld") else 0.1)
+    posterior = _fit(name, model, x, y)
+    x_test = torch.linspace(-1.5, 1.5, 7).unsqueeze(-1)
+    before = posterior.predict(x_test, seed=3)
+    path = tmp_path / "posterior.pt"
+    posterior.save(path)
+    torch.load(path, weights_only=True)  # plain tensors and containers only
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
+    fresh = _model(noise=None if name in ("nuts", "mclmc", "sgld") else 0.1)
+    if name == "variational":
+        loaded = pyrobnn.load_posterior(path, fresh, guide=pyrobnn.MeanFieldNormal(fresh))
+    else:
+        loaded = pyrobnn.load_posterior(path, fresh)
+        assert type(loaded) is type(posterior)
+        for k, v in posterior.samples.items():
+            torch.testing.assert_close(loaded.samples[k], v, rtol=0, atol=0)
+        assert loaded.method == posterior.method and loaded.family == posterior.family
+    after = loaded.predict(x_test, seed=3)
+    torch.testing.assert_close(after.mean, before.mean, rtol=0, atol=0)
+    torch.testing.assert_close(after.std, before.std, rtol=0, atol=0)
+    assert loaded.summary().splitlines()[0] == posterior.summary().splitlines()[0]
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_every_method_converts_to_arviz_and_summarizes_itself(name):
+    x, y = _data()
+    model = _model()
+    posterior = _fit(name, model, x, y)
+    idata = posterior.to_arviz(x, y)
+    site = model.sites[0].name.replace(".", "_")
+    chains, draws = (1, 1000) if name == "variational" else (posterior.num_chains, posterior.num_draws)
+    assert idata.posterior[site].shape[:2] == (chains, draws)
+    assert idata.log_likelihood["obs"].shape == (chains, draws, x.shape[0])
+    text = posterior.summary()
+    assert posterior.method in text and type(model.net).__name__ in text
+    if name in ("nuts", "mclmc", "ensemble_mclmc", "sgld", "sghmc"):
+        assert f"{chains} chain(s) x {draws} draw(s)" in text
+    if name == "nuts":
+        assert "divergent transitions" in text
+    if name == "laplace":
+        assert "log marginal likelihood" in text
+
+
+def test_a_loaded_posterior_refuses_a_model_of_another_structure(tmp_path):
+    x, y = _data()
+    model = _model()
+    posterior = _fit("ensemble", model, x, y)
+    path = tmp_path / "ensemble.pt"
+    posterior.save(path)
+    with pytest.raises(ValueError, match="site '0.weight' is \\[4, 1\\] there and \\[5, 1\\] in this model"):
+        Posterior.load(path, _model(hidden=5))
+    other = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale=dist.LogNormal(0.0, 1.0)))
+    with pytest.raises(ValueError, match="latent sites"):
+        Posterior.load(path, other)
+    classifier = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.BernoulliLikelihood())
+    with pytest.raises(ValueError, match="likelihood of type GaussianLikelihood; this model has BernoulliLikelihood"):
+        Posterior.load(path, classifier)
+    with pytest.raises(ValueError, match="holds a EnsemblePosterior, not a SWAGPosterior"):
+        pyrobnn.infer.modes.SWAGPosterior.load(path, model)
+    torch.save({"format": "something else"}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a saved pyrobnn posterior"):
+        pyrobnn.load_posterior(tmp_path / "other.pt", model)
+
+
+def test_saved_files_follow_the_users_umask(tmp_path):
+    x, y = _data()
+    posterior = _fit("sgld", _model(), x, y)
+    old = os.umask(0o027)
+    try:
+        posterior.save(tmp_path / "p.pt")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "p.pt").st_mode & 0o777 == 0o640
+
+
+def test_stats_outside_the_schema_are_refused():
+    samples = {"w": torch.zeros(2, 3)}
+    with pytest.raises(ValueError, match="stats key 'diverging_total' is not in the schema"):
+        Posterior(samples, {"diverging_total": torch.zeros(2)})
+    with pytest.raises(ValueError, match="a draw statistic needs \\(2, 3\\) first"):
+        Posterior(samples, {"diverging": torch.zeros(2, 4, dtype=torch.bool)})
+    assert "diverging" in STATS and STATS["diverging"][0] == "draw"
+
+
+def test_pyro_nuts_counts_its_divergences():
+    # a target acceptance of 0.05 makes the warm-up choose steps far too long for this sharp
+    # posterior (noise 0.01, 200 points): transitions diverge. The old result reported 0.
+    torch.manual_seed(0)
+    x = torch.randn(200, 1)
+    y = 0.5 * x + 0.01 * torch.randn(200, 1)
+    model = pyrobnn.BayesianModel(torch.nn.Linear(1, 1), pyrobnn.GaussianLikelihood(scale=0.01), pyrobnn.NormalPrior(1.0))
+    result = pyrobnn.pyro_nuts(model, x, y, num_samples=20, num_warmup=20, max_tree_depth=4, target_accept=0.05, progress=False)
+    assert result.stats["diverging"].shape == (1, 20)
+    assert result.num_divergences > 0
+    assert result.num_divergences == int(result.stats["diverging"].sum())
+
+
+def test_a_subset_of_draws_takes_from_every_chain():
+    model = _model()
+    x = torch.zeros(3, 1)
+    base = {s.name: torch.zeros((2, 50) + tuple(s.shape)) for s in model.sites}
+    base["0.bias"] = torch.zeros(2, 50, 4)
+    base["2.bias"] = torch.stack([torch.zeros(50, 1), torch.ones(50, 1)])  # chain 0 predicts 0, chain 1 predicts 1
+    posterior = Posterior(base, model=model)
+    pred = posterior.predict(x, num_samples=10)
+    torch.testing.assert_close(pred.mean, torch.full((3, 1), 0.5))
+
+
+def test_the_old_import_paths_still_work_with_a_deprecation_warning():
+    import importlib
+    import sys
+
+    for name in ("pyrobnn.infer.hmc", "pyrobnn.infer.ensemble"):
+        sys.modules.pop(name, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hmc = importlib.import_module("pyrobnn.infer.hmc")
+        assert hmc.MCMCResult is Posterior and hmc.nuts is pyrobnn.nuts
+        from pyrobnn.infer.ensemble import EnsembleResult  # noqa: F401
+    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert any("pyrobnn.infer.hmc moved to pyrobnn.infer.mcmc.samplers" in m for m in messages)
+    assert any("pyrobnn.infer.hmc.MCMCResult is now pyrobnn.infer.posterior.Posterior" in m for m in messages)
+    assert any("EnsembleResult is now pyrobnn.infer.modes.ensemble.EnsemblePosterior" in m for m in messages)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        hmc.no_such_name  # noqa: B018
+    pyro.clear_param_store()
