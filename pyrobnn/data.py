@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from dataclasses import dataclass
 from typing import Optional
 
@@ -86,6 +85,69 @@ def cache_dir(path=None) -> str:
 
 
 _MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+#: the IDX magic number of MNIST's image and label files
+_IDX_MAGIC = {"images": 2051, "labels": 2049}
+
+
+def _idx_problem(path) -> Optional[str]:
+    """Why the extracted MNIST file at ``path`` cannot be used (absent, not an IDX file of its
+    kind, or of another length than its header says), or ``None``."""
+    if not os.path.isfile(path):
+        return "it is missing"
+    kind = "images" if "images" in os.path.basename(path) else "labels"
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        header = f.read(16 if kind == "images" else 8)
+    if len(header) < (16 if kind == "images" else 8):
+        return f"it holds {size} bytes, fewer than an IDX header"
+    magic, count = int.from_bytes(header[:4], "big"), int.from_bytes(header[4:8], "big")
+    if magic != _IDX_MAGIC[kind]:
+        return f"it is not an MNIST {kind} file (IDX magic number {magic}, expected {_IDX_MAGIC[kind]})"
+    expected = 16 + count * int.from_bytes(header[8:12], "big") * int.from_bytes(header[12:16], "big") if kind == "images" else 8 + count
+    if size != expected:
+        return f"it holds {size} bytes where its header says {expected} (a partial write)"
+    return None
+
+
+def _same_file(a, b) -> bool:
+    """Whether ``a`` and ``b`` have the same size and SHA-256."""
+    import hashlib
+
+    if os.path.getsize(a) != os.path.getsize(b):
+        return False
+    digests = []
+    for path in (a, b):
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        digests.append(h.digest())
+    return digests[0] == digests[1]
+
+
+def _rebuild_mnist_file(name, source, raw) -> None:
+    """Copy the data folder's ``name.gz`` into the cache (unless an identical copy is there)
+    and extract it, each through a temporary file and a rename."""
+    import gzip
+
+    from pyrobnn.io import atomic_write_bytes
+
+    gz = os.path.join(source, name + ".gz")
+    if not os.path.isfile(gz):
+        raise FileNotFoundError(f"MNIST file {gz} is missing")
+    cached_gz = os.path.join(raw, name + ".gz")
+    if not (os.path.isfile(cached_gz) and _same_file(gz, cached_gz)):
+        with open(gz, "rb") as f:
+            atomic_write_bytes(f.read(), cached_gz)
+    try:
+        with gzip.open(cached_gz, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:
+        raise ValueError(f"the data folder's MNIST file {gz} is not a readable gzip file ({e})") from e
+    atomic_write_bytes(data, os.path.join(raw, name))
+    problem = _idx_problem(os.path.join(raw, name))
+    if problem is not None:
+        raise ValueError(f"the data folder's MNIST file {gz} does not hold MNIST: extracted, {problem}")
 
 
 def mnist(root=None, train: bool = True, subset=None, seed: int = 0, cache=None, download: bool = False):
@@ -94,35 +156,49 @@ def mnist(root=None, train: bool = True, subset=None, seed: int = 0, cache=None,
 
     :param root: the folder that holds ``MNIST/raw`` (torchvision's layout), default
         :func:`data_dir`. Its gzipped files are copied to ``cache`` and extracted there, so
-        ``root`` is never written to (it may be read-only or shared).
+        ``root`` is never written to (it may be read-only or shared). Every call checks the
+        cache: an extracted file must be a whole IDX file of its kind, and a cached ``.gz``
+        must have the size and SHA-256 of the data folder's; a file that fails is rebuilt
+        from the data folder, with a warning that names it and what was wrong.
     :param subset: keep this many examples, chosen with a generator seeded by ``seed``
         (e.g. the 1,000-image training set of the dropout experiments).
     :param download: let torchvision download the files when they are not found (needs
         internet; off by default, and never used by the tests or the demo).
     """
+    import warnings
+
     import torchvision
 
     target = os.path.join(cache_dir(cache), "torchvision")
     raw = os.path.join(target, "MNIST", "raw")
-    have = all(os.path.exists(os.path.join(raw, f)) for f in _MNIST_FILES)
-    if not have:
-        source = None
-        try:
-            source = os.path.join(data_dir(root), "MNIST", "raw")
-        except FileNotFoundError:
-            if not download:
-                raise
-        if source is not None and os.path.isdir(source):
-            os.makedirs(raw, exist_ok=True)
-            for name in _MNIST_FILES:
-                gz = os.path.join(source, name + ".gz")
-                if not os.path.exists(gz):
-                    raise FileNotFoundError(f"MNIST file {gz} is missing")
-                if not os.path.exists(os.path.join(raw, name + ".gz")):
-                    shutil.copyfile(gz, os.path.join(raw, name + ".gz"))
-        elif not download:
+    source = None
+    try:
+        source = os.path.join(data_dir(root), "MNIST", "raw")
+    except FileNotFoundError:
+        if not download:
+            raise
+    if source is not None and not os.path.isdir(source):
+        if not download:
             raise FileNotFoundError(f"no MNIST files in {source} (expected MNIST/raw/*.gz under the data folder)")
-    dataset = torchvision.datasets.MNIST(target, train=train, download=True)
+        source = None
+    os.makedirs(raw, exist_ok=True)
+    for name in _MNIST_FILES:
+        extracted, cached_gz = os.path.join(raw, name), os.path.join(raw, name + ".gz")
+        problem = _idx_problem(extracted)
+        if problem is None and source is not None and os.path.isfile(cached_gz) and not _same_file(cached_gz, os.path.join(source, name + ".gz")):
+            problem = f"its cached archive {cached_gz} differs from the data folder's (size or SHA-256)"
+        if problem is None:
+            continue
+        if source is None:
+            # torchvision downloads what is missing; a bad file would stop it
+            for path in (extracted, cached_gz):
+                if os.path.exists(path):
+                    os.unlink(path)
+            continue
+        if os.path.exists(extracted) or os.path.exists(cached_gz):
+            warnings.warn(f"the cached MNIST file {extracted} was not usable ({problem}): rebuilt from {source}", stacklevel=2)
+        _rebuild_mnist_file(name, source, raw)
+    dataset = torchvision.datasets.MNIST(target, train=train, download=download)
     x = dataset.data.unsqueeze(1).to(torch.get_default_dtype()) / 255.0
     y = dataset.targets.long()
     if subset is not None:

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-__all__ = ["save", "load", "atomic_save", "atomic_write_text", "record_results", "safe_load", "describe"]
+__all__ = ["save", "load", "atomic_save", "atomic_write_text", "atomic_write_bytes", "record_results", "safe_load", "describe"]
 
 FORMAT = "pyrobnn"
 VERSION = 1
@@ -100,6 +100,12 @@ def atomic_write_text(text: str, path) -> None:
     """Write ``text`` to ``path`` through a temporary file and an atomic rename."""
     with _atomic_file(path, "w") as f:
         f.write(text)
+
+
+def atomic_write_bytes(data: bytes, path) -> None:
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+    with _atomic_file(path, "wb") as f:
+        f.write(data)
 
 
 def record_results(path, entries) -> list:

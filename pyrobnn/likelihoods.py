@@ -81,6 +81,10 @@ class Likelihood(nn.Module):
         (the training step that sees ``bad`` is not applied)."""
         return y, None
 
+    def refused_targets(self, output_dim: int) -> str:
+        """What :meth:`flag_target_values` refuses, in words, for error messages."""
+        return "targets the likelihood refuses"
+
     def summarize(self, outputs, latents):
         """Predictive summary from ``outputs`` of shape ``(S, N, ...)`` and latent samples."""
         raise NotImplementedError
@@ -245,6 +249,25 @@ class HeteroscedasticGaussianLikelihood(Likelihood):
         return RegressionPrediction(loc, scale)
 
 
+class ClassLabels(dist.Categorical):
+    """A categorical distribution over class labels whose ``log_prob`` names labels outside
+    ``[0, C)`` instead of failing in torch's indexing (under Pyro's own ``SVI``, where the model
+    checks only the labels' type and shape: a range check would cost a host synchronization on
+    every step, and this one costs nothing until the indexing has failed)."""
+
+    def log_prob(self, value):
+        try:
+            return super().log_prob(value)
+        except (IndexError, RuntimeError) as e:
+            classes = self.logits.shape[-1]
+            if value.numel() and bool(((value < 0) | (value >= classes)).any()):
+                raise ValueError(
+                    f"class labels must lie in [0, {classes}) for a network with {classes} outputs, got labels from "
+                    f"{int(value.min())} to {int(value.max())}"
+                ) from e
+            raise
+
+
 class CategoricalLikelihood(Likelihood):
     """Categorical over the network's ``C`` outputs, read as logits. Targets are integer class
     labels in ``[0, C)``."""
@@ -252,7 +275,7 @@ class CategoricalLikelihood(Likelihood):
     task = "classification"
 
     def distribution(self, output, **latents):
-        return dist.Categorical(logits=output, validate_args=False)
+        return ClassLabels(logits=output, validate_args=False)
 
     def check_targets(self, y, output_shape):
         n, c = output_shape
@@ -265,6 +288,9 @@ class CategoricalLikelihood(Likelihood):
 
     def check_target_values(self, y, output_dim):
         check_label_range(y, output_dim, f" for a network with {output_dim} outputs")
+
+    def refused_targets(self, output_dim) -> str:
+        return f"class labels outside [0, {output_dim})"
 
     def flag_target_values(self, y, output_dim):
         return y.clamp(0, output_dim - 1), ((y < 0) | (y >= output_dim)).any()
@@ -295,6 +321,9 @@ class BernoulliLikelihood(Likelihood):
     def check_target_values(self, y, output_dim):
         if y.numel() and not torch.all((y == 0) | (y == 1)):
             raise ValueError("Bernoulli targets must be 0 or 1")
+
+    def refused_targets(self, output_dim) -> str:
+        return "Bernoulli targets other than 0 and 1"
 
     def flag_target_values(self, y, output_dim):
         return y, ~((y == 0) | (y == 1)).all()

@@ -10,8 +10,9 @@ Pyro still needs to *name* each parameter: ``pyro.optim`` looks names up in the 
 store (per-parameter options, ``get_state``/``set_state``), and ``JitTrace_ELBO`` fetches each
 parameter by name before every call. So while a Pyro handler is active, :func:`pyro_param`
 
-* registers ``name -> parameter`` in the store, replacing whatever tensor the name pointed
-  at (the module wins; nothing is ever read *from* the store into a module), and
+* registers ``name -> parameter`` in the store, replacing the tensor of a module of ours that
+  the name pointed at (the module wins; nothing is ever read *from* the store into a module),
+  and refusing a name the store holds for anything else (a ``pyro.param`` of the user's), and
 * emits a ``param`` site whose value the caller computes with, so handlers that substitute
   parameters (``poutine.replay(params=...)``, ``poutine.substitute``, ``poutine.lift``, the
   JIT's replay) act on our modules as on ``pyro.param``.
@@ -39,15 +40,33 @@ def _identity(name, value, constraint=None, event_dim=None):
 _param = effectful(_identity, type="param")
 
 
+#: the parameter registered under each name by :func:`_register`: a name that the store holds
+#: for another tensor was given by someone else (a ``pyro.param`` of the user's), which a module's
+#: parameter must not silently replace
+_REGISTERED: dict = {}
+
+
 def _register(name: str, param: torch.Tensor) -> None:
-    """Point ``name`` in Pyro's parameter store at ``param`` (public store API only)."""
+    """Point ``name`` in Pyro's parameter store at ``param`` (public store API only). A name
+    the store holds for a tensor that no module of ours put there is refused."""
     store = pyro.get_param_store()
     if store.param_name(param) == name and name in store:
         return
     if name in store:
+        ours = _REGISTERED.get(name)
+        # an unconstrained parameter of ours reads back as the very tensor registered
+        if ours is None or ours() is not store[name]:
+            raise ValueError(
+                f"Pyro's parameter store holds a parameter {name!r} that pyrobnn did not put there (a pyro.param "
+                "of your own, or a store loaded from a file); a pyrobnn module names its parameter so and would "
+                "replace it. Rename yours, clear the store (pyro.clear_param_store()), or give the guide another "
+                "prefix (guide.pyro_prefix = 'guide2.'). pyrobnn's values live in the modules: load them with "
+                "pyrobnn.load or load_state_dict."
+            )
         del store[name]  # drops the old tensor's reverse mapping as well
     # for an unconstrained name the store keeps the very tensor given (contiguous parameters)
     store[name] = param
+    _REGISTERED[name] = weakref.ref(param)
 
 
 def pyro_param(name: str, param: torch.Tensor) -> torch.Tensor:

@@ -150,3 +150,22 @@ def test_compare_refuses_to_rank_against_a_degenerate_reference(tmp_path, monkey
     rows = {r["key"]: r for r in json.load(open(out / "results.json"))["summary"]}
     assert math.isnan(rows["ensemble"]["w2_to_reference"]) and "| n/a |" in table
     assert rows["reference"]["degenerate_splits"] == [0]
+
+
+def test_a_saved_split_holding_a_non_number_is_named_and_run_again(tmp_path):
+    cache = compare._SplitCache(str(tmp_path), {"seed": 0})
+    row = {m: 1.0 for m in compare.METRICS}
+    record = {"rows": {"reference": row}, "calibration": {"reference": [0.5] * len(compare.CALIBRATION_LEVELS)}, "diagnostics": None}
+    cache.save(0, record)
+    assert cache.load(0, ["reference"])["rows"]["reference"] == row
+    path = os.path.join(str(tmp_path), "splits", "split-0.json")
+    saved = json.load(open(path))
+    saved["rows"]["reference"]["rmse"] = "1.0"
+    json.dump(saved, open(path, "w"))
+    with pytest.warns(UserWarning, match="rows\\['reference'\\]\\['rmse'\\] is '1.0', not a number"):
+        assert cache.load(0, ["reference"]) is None
+    saved["rows"]["reference"]["rmse"] = 1.0
+    saved["calibration"]["reference"] = [0.5, None]
+    json.dump(saved, open(path, "w"))
+    with pytest.warns(UserWarning, match="calibration\\['reference'\\] is not 11 numbers"):
+        assert cache.load(0, ["reference"]) is None

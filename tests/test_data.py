@@ -141,3 +141,23 @@ def test_uci_shuffled_splits_are_a_seeded_partition_standardized_by_training(uci
     assert not torch.equal(a.y_test, uci_shuffled("yacht", 2, data_path=uci_root, dtype=torch.float64).y_test)
     with pytest.raises(ValueError, match="fractions"):
         uci_shuffled("yacht", 1, fractions=(0.5, 0.5, 0.5), data_path=uci_root)
+
+
+def test_a_bad_mnist_cache_is_named_and_rebuilt_from_the_data_folder(mnist_root, tmp_path):
+    x, y = mnist(mnist_root, train=False, cache=tmp_path)
+    raw = tmp_path / "torchvision" / "MNIST" / "raw"
+    labels = raw / "t10k-labels-idx1-ubyte"
+    labels.write_bytes(labels.read_bytes()[:5000])  # a partial write
+    with pytest.warns(UserWarning, match="t10k-labels-idx1-ubyte was not usable .*5000 bytes where its header says 10008"):
+        again = mnist(mnist_root, train=False, cache=tmp_path)
+    assert torch.equal(again[1], y)
+    # a foreign archive, with nothing extracted: the old code asked torchvision to download
+    (raw / "t10k-images-idx3-ubyte").unlink()
+    (raw / "t10k-images-idx3-ubyte.gz").write_bytes(b"not a gzip file")
+    with pytest.warns(UserWarning, match="t10k-images-idx3-ubyte was not usable \\(it is missing\\)"):
+        again = mnist(mnist_root, train=False, cache=tmp_path)
+    assert torch.equal(again[0], x)
+    # an extracted file of the wrong kind
+    (raw / "t10k-labels-idx1-ubyte").write_bytes((raw / "t10k-images-idx3-ubyte").read_bytes()[:100])
+    with pytest.warns(UserWarning, match="not an MNIST labels file"):
+        mnist(mnist_root, train=False, cache=tmp_path)

@@ -217,3 +217,16 @@ def test_a_second_prefix_keeps_two_jit_trained_bnns_apart():
     assert all(torch.equal(a, p) for a, p in zip(after2, g2.parameters()))
     assert any(not torch.equal(a, p) for a, p in zip(before1, g1.parameters()))
     assert any(not torch.equal(a, b) for a, b in zip(before2, after2))
+
+
+def test_a_pyro_param_of_the_users_under_one_of_our_names_is_refused_not_replaced():
+    model, guide = build("meanfield-normal")
+    x, y = data()
+    name = "guide." + next(n for n, _ in guide.named_parameters())
+    mine = pyro.param(name, torch.zeros(3))
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
+    with pytest.raises(ValueError, match=f"parameter store holds a parameter '{name}' that pyrobnn did not put there"):
+        svi.step(x, y)
+    assert pyro.get_param_store()[name] is mine  # left as it was
+    pyro.clear_param_store()
+    svi.step(x, y)  # with the store cleared, training goes on

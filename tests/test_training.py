@@ -382,3 +382,46 @@ def test_clip_grad_norm_bounds_the_update():
     trainer.step(x, y)
     change = torch.stack([(p.detach() - b).norm() for p, b in zip(trainer.parameters(), before)]).norm()
     assert 0 < change <= 1e-3 * (1 + 1e-5)
+
+
+def test_a_batch_is_refused_for_the_cause_found_and_boolean_labels_are_refused():
+    from pyrobnn.infer import InvalidBatchError
+
+    torch.manual_seed(0)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 3, hidden=(4,)), pyrobnn.CategoricalLikelihood(), pyrobnn.NormalPrior(1.0))
+    trainer = pyrobnn.SVITrainer(model, pyrobnn.MeanFieldNormal(model))
+    x, y = torch.randn(8, 2), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    trainer.step(x, y)
+    with pytest.raises(ValueError, match="class labels must be an integer tensor, got dtype torch.bool"):
+        trainer.step(x, y > 0)
+    with pytest.raises(InvalidBatchError, match="is refused: y holds class labels outside \\[0, 3\\)"):
+        trainer.step(x, y + 1)
+    with pytest.raises(InvalidBatchError, match="is refused: x holds NaN or infinite values"):
+        trainer.step(x.clone().fill_(float("nan")), y + 1)  # both are wrong: the first found is named
+    regression = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale=0.1))
+    trainer = pyrobnn.SVITrainer(regression, pyrobnn.MeanFieldNormal(regression))
+    trainer.step(x, torch.randn(8, 1))
+    with pytest.raises(InvalidBatchError, match="is refused: y holds NaN or infinite values"):
+        trainer.step(x, torch.full((8, 1), float("inf")))
+
+
+def test_labels_out_of_range_under_pyros_own_svi_are_named():
+    torch.manual_seed(0)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 3, hidden=(4,)), pyrobnn.CategoricalLikelihood(), pyrobnn.NormalPrior(1.0))
+    svi = pyro.infer.SVI(model, pyrobnn.MeanFieldNormal(model), pyro.optim.Adam({"lr": 1e-2}), pyro.infer.Trace_ELBO())
+    with pytest.raises(ValueError, match="class labels must lie in \\[0, 3\\) for a network with 3 outputs, got labels from -1 to 3"):
+        svi.step(torch.randn(4, 2), torch.tensor([0, 3, -1, 1]))
+
+
+def test_mean_field_scales_too_small_to_represent_are_refused_and_a_zero_posterior_scale_stays_finite():
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale=0.1), pyrobnn.NormalPrior(1.0))
+    for bad in (1e-45, 0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="init_scale must be a finite number >= 1.18e-38"):
+            pyrobnn.MeanFieldNormal(model, init_scale=bad)
+    guide = pyrobnn.MeanFieldNormal(model)
+    with torch.no_grad():
+        for rho in guide.rho.values():
+            rho.fill_(-200.0)  # softplus(-200) is exactly 0 in float32
+    x, y = torch.randn(16, 1), torch.randn(16, 1)
+    history = pyrobnn.fit(model, guide, x, y, epochs=2, progress=False)
+    assert all(math.isfinite(v) for v in history.loss)

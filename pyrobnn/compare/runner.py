@@ -8,6 +8,7 @@ import json
 import math
 import os
 import time
+import warnings
 
 import pyro
 import torch
@@ -157,6 +158,10 @@ class _SplitCache:
             return None  # unreadable: run the split again
         if saved.get("fingerprint") != self.fingerprint or not set(keys) <= set(saved.get("rows", {})):
             return None
+        problem = _record_problem(saved, keys)
+        if problem is not None:
+            warnings.warn(f"{path} is not a usable saved split ({problem}): running split {index} again", stacklevel=3)
+            return None
         return {
             "rows": {k: saved["rows"][k] for k in keys},
             "calibration": {k: saved["calibration"][k] for k in keys},
@@ -165,6 +170,28 @@ class _SplitCache:
 
     def save(self, index, record):
         atomic_write_text(json.dumps({"fingerprint": self.fingerprint, **record}, indent=1), self._path(index))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _record_problem(saved, keys):
+    """What makes a saved split unusable (a value that is not a number where a number belongs),
+    or ``None``."""
+    for key in keys:
+        row = saved["rows"][key]
+        if not isinstance(row, dict):
+            return f"rows[{key!r}] is not a table row"
+        for metric in METRICS:
+            if not _is_number(row.get(metric)):
+                return f"rows[{key!r}][{metric!r}] is {row.get(metric)!r}, not a number"
+        levels = saved.get("calibration", {}).get(key)
+        if not isinstance(levels, list) or len(levels) != len(CALIBRATION_LEVELS) or not all(_is_number(v) for v in levels):
+            return f"calibration[{key!r}] is not {len(CALIBRATION_LEVELS)} numbers"
+    if saved.get("diagnostics") is not None and not isinstance(saved["diagnostics"], dict):
+        return "its reference diagnostics are not a table"
+    return None
 
 
 def _splits(dataset, data_dir, splits, quick, seed):

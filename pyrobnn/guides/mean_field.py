@@ -10,13 +10,21 @@ from pyrobnn.guides.base import WeightGuide, inverse_softplus, site_key
 from pyrobnn.kl import normal_kl
 from pyrobnn.numerics import softplus
 
-__all__ = ["MeanFieldNormal", "mean_field_normal_terms"]
+__all__ = ["MeanFieldNormal", "mean_field_normal_terms", "positive_scale"]
+
+
+def positive_scale(rho):
+    r""":math:`\sigma = \text{softplus}(\rho)`, kept at or above the dtype's smallest normal
+    number: softplus underflows to exactly 0 (for float32, at :math:`\rho < -104`), where the
+    KL's :math:`\log \sigma` and every density would be infinite; the floor changes no value
+    that is representable otherwise."""
+    return softplus(rho).clamp_min(torch.finfo(rho.dtype).tiny)
 
 
 def mean_field_normal_terms(loc, rho, prior_loc: float, prior_scale: float):
     """``loc``, ``softplus(rho)`` and the summed KL of ``N(loc, softplus(rho)^2)`` against
     ``N(prior_loc, prior_scale^2)``: the fused form of :class:`MeanFieldNormal`'s factor."""
-    scale = softplus(rho)
+    scale = positive_scale(rho)
     return loc, scale, normal_kl(loc, scale, prior_loc, prior_scale).sum()
 
 
@@ -47,8 +55,12 @@ class MeanFieldNormal(WeightGuide):
 
     def __init__(self, model, init_loc="net", init_scale: float = 1e-3):
         super().__init__(model)
-        if not init_scale > 0:
-            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        smallest = torch.finfo(model.dtype).tiny
+        if not (isinstance(init_scale, (int, float)) and not isinstance(init_scale, bool) and smallest <= init_scale < float("inf")):
+            raise ValueError(
+                f"init_scale must be a finite number >= {smallest:.3g} (the smallest normal {model.dtype} number; a "
+                f"smaller scale is subnormal and the KL's gradient overflows), got {init_scale!r}"
+            )
         self.init_scale = float(init_scale)
         self.loc = nn.ParameterDict()
         self.rho = nn.ParameterDict()
@@ -66,11 +78,11 @@ class MeanFieldNormal(WeightGuide):
             )
 
     def scale_of(self, site) -> torch.Tensor:
-        return softplus(self.rho[site_key(site.name)])
+        return positive_scale(self.rho[site_key(site.name)])
 
     def posterior(self, site):
         key = site_key(site.name)
-        return SampleAwareNormal(self.loc[key], softplus(self.rho[key]), validate_args=False)
+        return SampleAwareNormal(self.loc[key], positive_scale(self.rho[key]), validate_args=False)
 
     def posterior_mean_of(self, site):
         return self.loc[site_key(site.name)]

@@ -38,6 +38,8 @@ class StepFailures:
     stay those from before the first failed step."""
 
     CAUSES = ("data", "loss", "gradient")
+    #: what was wrong with a batch, by the code :meth:`record` takes as ``data_cause``
+    DATA_CAUSES = {1: "x holds NaN or infinite values", 2: "y holds NaN or infinite values", 3: "targets"}
 
     def __init__(self):
         self._f = None
@@ -46,9 +48,10 @@ class StepFailures:
     def failed(self):
         return self._f["failed"] if self._f is not None else None
 
-    def record(self, step: int, epoch: int, bad_data, bad_loss, bad_grad, value) -> None:
-        """Note step ``step`` as failed where any of the 0-d flags is set (``bad_data`` may be
-        ``None``: not checked); ``value`` is its loss."""
+    def record(self, step: int, epoch: int, data_cause, bad_loss, bad_grad, value) -> None:
+        """Note step ``step`` as failed where the batch was bad (``data_cause``: a 0-d integer
+        tensor, 0 for a good batch, else a key of :data:`DATA_CAUSES`; ``None``: not checked) or
+        either 0-d flag is set; ``value`` is its loss."""
         f = self._f
         device = value.device
         if f is None or f["failed"].device != device:
@@ -57,16 +60,19 @@ class StepFailures:
                 "step": torch.zeros((), dtype=torch.long, device=device),
                 "epoch": torch.zeros((), dtype=torch.long, device=device),
                 "cause": torch.zeros((), dtype=torch.long, device=device),
+                "data_cause": torch.zeros((), dtype=torch.long, device=device),
                 "value": torch.zeros((), dtype=value.dtype, device=device),
             }
-        if bad_data is None:
-            bad_data = torch.zeros_like(bad_loss)
+        if data_cause is None:
+            data_cause = torch.zeros((), dtype=torch.long, device=device)
+        bad_data = data_cause > 0
         bad = bad_data | bad_loss | bad_grad
         first = bad & ~f["failed"]
         cause = torch.where(bad_data, 0, torch.where(bad_loss, 1, 2))
         f["step"] = torch.where(first, step, f["step"])
         f["epoch"] = torch.where(first, epoch, f["epoch"])
         f["cause"] = torch.where(first, cause, f["cause"])
+        f["data_cause"] = torch.where(first, data_cause, f["data_cause"])
         f["value"] = torch.where(first, value.to(f["value"].dtype), f["value"])
         f["failed"] = f["failed"] | bad
 
@@ -74,20 +80,19 @@ class StepFailures:
         """Whether a step failed since the last check (a host synchronization)."""
         return self._f is not None and bool(self._f["failed"])
 
-    def raise_if_any(self, params) -> None:
+    def raise_if_any(self, params, refused_targets: str = "targets the likelihood refuses") -> None:
         """Raise :class:`InvalidBatchError` or :class:`NonFiniteLossError` for the first failed
-        step since the last check, saying whether ``params`` are finite; then forget it."""
+        step since the last check, naming what was found (``refused_targets`` describes the
+        targets the likelihood refuses) and saying whether ``params`` are finite; then forget it."""
         if not self.any():
             return
         f, self._f = self._f, None
         step, epoch = int(f["step"]), int(f["epoch"])
         cause = self.CAUSES[int(f["cause"])]
         if cause == "data":
-            what = (
-                f"the batch of step {step} (epoch {epoch}) holds NaN or infinite values in x or y, "
-                "or targets the likelihood refuses (class labels outside [0, outputs), Bernoulli "
-                "targets other than 0 and 1)"
-            )
+            found = self.DATA_CAUSES[int(f["data_cause"])]
+            found = f"y holds {refused_targets}" if found == "targets" else found
+            what = f"the batch of step {step} (epoch {epoch}) is refused: {found}"
         elif cause == "loss":
             what = f"the loss is {float(f['value'])} at step {step} (epoch {epoch})"
         else:

@@ -215,9 +215,9 @@ class SVITrainer:
         if not validated:
             x, y = self._check_batch(x, y)
         self._setup(x, y, dataset_size)
-        bad_data = None
+        data_cause = None
         if not validated:
-            y, bad_data = self._flag_batch(x, y)
+            y, data_cause = self._flag_batch(x, y)
         if self.lr_schedule is not None:
             factor = self.lr_schedule(epoch_fraction)
             for group, base in zip(self.optimizer.param_groups, self._base_lrs):
@@ -233,7 +233,7 @@ class SVITrainer:
             bad_grad = torch.zeros_like(bad_loss)
         elif self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_([p for p in self._params if p.grad is not None], self.clip_grad_norm, foreach=True)
-        self.failures.record(self.history.steps, self.epoch, bad_data, bad_loss, bad_grad, value)
+        self.failures.record(self.history.steps, self.epoch, data_cause, bad_loss, bad_grad, value)
         if skips_on_device(self.optimizer):
             self.optimizer.found_inf = self.failures.failed.to(torch.float32)
             try:
@@ -241,7 +241,7 @@ class SVITrainer:
             finally:
                 del self.optimizer.found_inf
         else:
-            self.failures.raise_if_any(self._params)  # a host sync: this optimizer cannot skip on the device
+            self._raise_failures()  # a host sync: this optimizer cannot skip on the device
             self.optimizer.step()
         self.history.steps += 1
         return value, nll.detach(), kl.detach(), beta
@@ -265,19 +265,28 @@ class SVITrainer:
         return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def _flag_batch(self, x, y):
-        """``(y, bad)``: ``bad`` a 0-d device tensor saying that ``x`` or ``y`` holds NaN or
-        infinite values or targets the likelihood refuses (labels out of range), and targets
-        safe to score (the step is not applied when ``bad``)."""
+        """``(y, cause)``: the targets checked for type and shape (which reads no values) and
+        made safe to score, and ``cause``, a 0-d device tensor: 0 for a good batch, else what
+        is wrong with it (:data:`StepFailures.DATA_CAUSES`: NaN or infinite values in ``x`` or
+        ``y``, targets the likelihood refuses). The step is not applied to a bad batch."""
+        if self._num_outputs is not None:
+            y = self.model.likelihood.check_targets(y, (x.shape[0], self._num_outputs))
         # max |.| is NaN or infinite exactly when some value is (and reduces about five
         # times faster here than isfinite(x).all())
-        bad = ~torch.isfinite(x.abs().amax())
+        cause = torch.where(~torch.isfinite(x.abs().amax()), 1, 0)
         if y.is_floating_point() and y.numel():
-            bad = bad | ~torch.isfinite(y.abs().amax())
+            cause = torch.where((cause == 0) & ~torch.isfinite(y.abs().amax()), 2, cause)
         if self._num_outputs is not None:
             y, bad_targets = self.model.likelihood.flag_target_values(y, self._num_outputs)
             if bad_targets is not None:
-                bad = bad | bad_targets
-        return y, bad
+                cause = torch.where((cause == 0) & bad_targets, 3, cause)
+        return y, cause
+
+    def _raise_failures(self):
+        refused = "targets the likelihood refuses"
+        if self._num_outputs is not None:
+            refused = self.model.likelihood.refused_targets(self._num_outputs)
+        self.failures.raise_if_any(self._params, refused)
 
     def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
         """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)`` as floats.
@@ -287,7 +296,7 @@ class SVITrainer:
         (``fit`` runs the same step without the per-step host synchronization that returning
         floats costs, and checks once per epoch.)"""
         loss, nll, kl, beta = self._step_tensors(x, y, dataset_size, epoch_fraction)
-        self.failures.raise_if_any(self._params)
+        self._raise_failures()
         loss, nll, kl = torch.stack([loss.to(nll.dtype), nll, kl]).tolist()
         return loss, nll, kl, beta
 
@@ -423,7 +432,7 @@ class SVITrainer:
                     sums = sums + torch.stack([loss.to(nll.dtype), nll, kl])
                     beta_sum += beta
                     count += 1
-                self.failures.raise_if_any(self._params)  # the epoch's one host synchronization, with the next line
+                self._raise_failures()  # the epoch's one host synchronization, with the next line
                 loss, nll, kl = (sums / count).tolist()
                 h = self.history
                 h.epoch.append(self.epoch + 1)
