@@ -122,7 +122,7 @@ def main(argv=None):
         return args.only is None or key in args.only
 
     start = time.perf_counter()
-    ensemble = deep_ensemble(model, d["x"], d["y"], s["members"], x_val=d["x_val"], y_val=d["y_val"], objective="map", lr=1e-3,
+    ensemble = deep_ensemble(model, d["x"], d["y"], num_members=s["members"], x_val=d["x_val"], y_val=d["y_val"], objective="map", lr=1e-3,
                              batch_size=s["batch"], max_epochs=s["epochs"], patience=3, seed=args.seed, progress=False)
     t_ens = time.perf_counter() - start
     first = ensemble.member(0)

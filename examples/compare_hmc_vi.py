@@ -22,7 +22,6 @@ import pyrobnn
 from pyrobnn import diagnostics
 from pyrobnn.compare import predictive_w2
 from pyrobnn.data import gap_regression
-from pyrobnn.infer.mcmc.samplers import nuts
 from pyrobnn.plotting import plot_regression_1d, save_figure
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,7 +44,7 @@ def make_model():
 # the reference: NUTS, 8 chains in one batched computation
 model = make_model()
 chains, warmup, samples, depth = (2, 60, 60, 5) if args.quick else (8, 300, 300, 10)
-result = nuts(model, x, y, num_samples=samples, num_warmup=warmup, num_chains=chains, max_tree_depth=depth)
+result = pyrobnn.nuts(model, x, y, num_samples=samples, num_warmup=warmup, num_chains=chains, max_tree_depth=depth)
 idata = diagnostics.inference_data(model, result, x_test, y_test)
 print("NUTS convergence:", diagnostics.convergence_summary(idata))
 predictions = {"NUTS": (pyrobnn.predict(model, result, x_test, None), pyrobnn.predict(model, result, grid, None))}

@@ -128,6 +128,18 @@ def record_results(path, entries) -> list:
     return records
 
 
+def _unpickler_reason(message: str) -> str:
+    """The line of torch's weights-only error that says what was found (after its
+    "WeightsUnpickler error:"), else its first line."""
+    lines = [line.strip() for line in message.splitlines()]
+    for i, line in enumerate(lines):
+        if line.startswith("WeightsUnpickler error"):
+            rest = [r for r in lines[i + 1 :] if r]
+            if rest:
+                return rest[0]
+    return lines[0] if lines else message
+
+
 def safe_load(path, map_location=None):
     """``torch.load(path, weights_only=True)``, with a clear error for refused files: one that
     carries objects other than tensors and plain containers, and one that is empty, truncated or
@@ -138,11 +150,14 @@ def safe_load(path, map_location=None):
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, AttributeError) as e:
-        if "weights only" not in str(e).lower() and "weights_only" not in str(e).lower():
-            raise ValueError(f"{path} is corrupted or not a pyrobnn file ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+        # torch words every failure of its restricted unpickler as a weights-only failure; only
+        # an object it does not allow ("Unsupported global") is one, the rest is a broken stream
+        reason = _unpickler_reason(str(e))
+        if "unsupported global" not in str(e).lower():
+            raise ValueError(f"{path} is corrupted or not a pyrobnn file ({type(e).__name__}: {reason[:200]})") from e
         raise ValueError(
             f"refusing to load {path}: it is not a file of tensors and plain containers "
-            f"(torch.load with weights_only=True rejected it: {str(e).splitlines()[0]})"
+            f"(torch.load with weights_only=True rejected it: {reason})"
         ) from e
     except (RuntimeError, EOFError, IndexError, OSError, ValueError, KeyError) as e:
         first = str(e).splitlines()[0][:200] if str(e) else "the file ended early" if isinstance(e, EOFError) else ""

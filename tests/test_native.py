@@ -13,7 +13,7 @@ import torch
 import pyrobnn
 from pyrobnn.infer.mcmc import native
 from pyrobnn.infer.mcmc.samplers import nuts
-from pyrobnn.infer.mcmc.mclmc_kernel import MCLMCState, MCLMCTuning, _Stepper
+from pyrobnn.infer.mcmc.mclmc_kernel import MCLMCState, MCLMCTuning, Stepper
 from pyrobnn.infer.mcmc.nuts_kernel import NUTSState, nuts_step
 from pyrobnn.infer.potential import FlatPotential
 
@@ -134,8 +134,8 @@ def test_an_mclmc_step_is_the_torch_one():
                          torch.rand(5, potential.dim, dtype=F64) + 0.5)
     for _ in range(3):
         with pyro.validation_enabled(False):  # as the samplers run it: a non-finite step is undone, not refused
-            a, da, fa = _Stepper(potential.value_and_grad, torch.Generator().manual_seed(4), False)(state, tuning)
-        b, db, fb = _Stepper(kernel.value_and_grad, torch.Generator().manual_seed(4), False, kernel)(state, tuning)
+            a, da, fa = Stepper(potential.value_and_grad, torch.Generator().manual_seed(4), False)(state, tuning)
+        b, db, fb = Stepper(kernel.value_and_grad, torch.Generator().manual_seed(4), False, kernel)(state, tuning)
         assert torch.equal(fa, fb)
         for name in ("z", "u", "energy", "grad"):
             torch.testing.assert_close(getattr(b, name), getattr(a, name), rtol=1e-9, atol=1e-10)

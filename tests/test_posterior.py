@@ -35,7 +35,7 @@ def _fit(name, model, x, y):
     if name == "ensemble":
         return ensemble
     if name == "ensemble_mclmc":
-        return pyrobnn.ensemble_sampling(model, x, y, ensemble, "mclmc", num_samples=40, num_warmup=(20, 5, 5), thinning=4, compile=False, **quiet)
+        return pyrobnn.ensemble_sampling(model, x, y, ensemble=ensemble, sampler="mclmc", num_samples=40, num_warmup=(20, 5, 5), thinning=4, compile=False, **quiet)
     if name == "laplace":
         return pyrobnn.laplace(model, x, y, hessian="diag", tune_prior=False, map_estimate=ensemble.member(0), num_samples=10)
     if name == "swag":

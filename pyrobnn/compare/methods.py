@@ -139,7 +139,7 @@ def _ensemble_initialized(sampler):
             dict(num_samples=s.mclmc_samples, num_warmup=s.mclmc_warmup, thinning=s.mclmc_thinning)
             if sampler == "mclmc" else dict(num_samples=s.samples, num_warmup=s.warmup, max_tree_depth=s.max_tree_depth)
         )
-        return ensemble_sampling(model, split["x_train"], split["y_train"], ensemble, sampler, seed=seed, progress=progress, **options)
+        return ensemble_sampling(model, split["x_train"], split["y_train"], ensemble=ensemble, sampler=sampler, seed=seed, progress=progress, **options)
 
     return fit
 

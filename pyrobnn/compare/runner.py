@@ -194,7 +194,7 @@ def _record_problem(saved, keys):
     return None
 
 
-def _splits(dataset, data_dir, splits, quick, seed):
+def _splits(dataset, data_dir, splits, seed):
     if dataset == "toy":
         x, y = gap_regression(n=100, noise=0.1, seed=seed)
         x_test, y_test = gap_regression(n=200, noise=0.1, seed=seed + 1)
@@ -273,7 +273,7 @@ def run_compare(
     grid_preds = {}
     toy = dataset == "toy"
     x_grid = torch.linspace(-1.6, 1.6, 300).unsqueeze(-1) if toy else None
-    split_list = list(_splits(dataset, data_dir, splits, quick, seed))
+    split_list = list(_splits(dataset, data_dir, splits, seed))
     # a split's results are saved as it completes, so an interrupted run resumes where it
     # stopped; the toy run keeps its plotting grid in memory and always runs afresh
     fingerprint = {"dataset": dataset, "seed": seed, "settings": dict(s.__dict__), "reference": reference}

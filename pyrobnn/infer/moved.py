@@ -1,4 +1,4 @@
-"""The import paths of pyrobnn 0.1, kept for one release.
+"""The import paths and call forms of pyrobnn 0.1, kept for one release.
 
 ``pyrobnn.infer`` was one flat folder; it is now one subpackage per method family. Importing an
 old module (``pyrobnn.infer.fit``, ``pyrobnn.infer.hmc``, ...) gives a stand-in module that
@@ -6,18 +6,24 @@ warns once with :class:`PyrobnnDeprecationWarning`, naming the new path, and han
 names it held from their new homes (a renamed class under its old name too:
 ``MCMCResult`` is :class:`~pyrobnn.infer.posterior.Posterior`). The stand-ins hold no code of
 their own; they go in the release after next.
+
+Every method is now called ``method(model, x, y, *, ...)``; :func:`data_then_keywords` lets
+0.1's positional calls (``deep_ensemble(model, x, y, 8)``) through for one release, with the
+same warning.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
+import inspect
 import sys
 import types
 import warnings
 
-__all__ = ["MOVED", "PyrobnnDeprecationWarning", "install"]
+__all__ = ["MOVED", "PyrobnnDeprecationWarning", "install", "data_then_keywords"]
 
 
 class PyrobnnDeprecationWarning(DeprecationWarning):
@@ -26,7 +32,7 @@ class PyrobnnDeprecationWarning(DeprecationWarning):
 
 #: old module -> (its new homes, searched in order; names renamed on the way)
 MOVED = {
-    "pyrobnn.infer.fit": (("pyrobnn.infer.svi.trainer", "pyrobnn.infer.svi.failures", "pyrobnn.infer.svi.schedules", "pyrobnn.validation"), {}),
+    "pyrobnn.infer.fit": (("pyrobnn.infer.svi.trainer", "pyrobnn.infer.failures", "pyrobnn.infer.svi.schedules", "pyrobnn.validation"), {}),
     "pyrobnn.infer.elbo": (("pyrobnn.infer.svi.elbo",), {}),
     "pyrobnn.infer.flat": (("pyrobnn.infer.svi.trace_free",), {"FlatELBO": "TraceFreeELBO"}),
     "pyrobnn.infer.objective": (("pyrobnn.infer.svi.objective",), {}),
@@ -107,3 +113,36 @@ def install() -> None:
     if _FINDER not in sys.meta_path:
         sys.meta_path.append(_FINDER)
         warnings.filterwarnings("default", category=PyrobnnDeprecationWarning)
+
+
+def data_then_keywords(fn):
+    """Make every parameter of ``fn`` after ``(model, x, y)`` keyword-only, accepting 0.1's
+    positional form for one release with a :class:`PyrobnnDeprecationWarning` that names the
+    arguments."""
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    movable = [p.name for p in params[3:] if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keyword_only = params[:3] + [p.replace(kind=p.KEYWORD_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p for p in params[3:]]
+
+    @functools.wraps(fn)
+    def method(*args, **kwargs):
+        if len(args) > 3:
+            extra = args[3:]
+            if len(extra) > len(movable):
+                raise TypeError(f"{fn.__name__}() takes (model, x, y) and keyword arguments, got {len(args)} positional arguments")
+            names = movable[: len(extra)]
+            twice = [n for n in names if n in kwargs]
+            if twice:
+                raise TypeError(f"{fn.__name__}() got {twice[0]!r} both by position and by keyword")
+            shown = ", ".join(f"{n}=..." for n in names)
+            warnings.warn(
+                f"{fn.__name__}: passing {', '.join(names)} by position is deprecated; write {fn.__name__}(model, x, y, {shown})",
+                PyrobnnDeprecationWarning,
+                stacklevel=2,
+            )
+            kwargs.update(zip(names, extra))
+            args = args[:3]
+        return fn(*args, **kwargs)
+
+    method.__signature__ = signature.replace(parameters=keyword_only)
+    return method

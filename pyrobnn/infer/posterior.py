@@ -270,8 +270,7 @@ class Posterior:
         if "path" in self.stats:
             made += f" on the {self.stats['path']} path ({self.stats.get('path_reason', '')})"
         if self.settings:
-            shown = ", ".join(f"{k}={v}" for k, v in self.settings.items())
-            made += f"; settings: {shown}"
+            made += "; settings: " + describe_settings(self.settings)
         return made
 
     def _diagnostics(self) -> list:
@@ -296,6 +295,20 @@ class Posterior:
         if self.family == "sgmcmc":
             out.append("no Metropolis correction: the draws carry a step-size bias")
         return out
+
+
+def describe_settings(settings: dict) -> str:
+    """``settings`` in one line: a tensor by its shape, a posterior by its kind, long values cut."""
+
+    def short(v):
+        if isinstance(v, torch.Tensor):
+            return f"tensor{tuple(v.shape)}"
+        if isinstance(v, Posterior):
+            return f"{type(v).__name__}({v.method}, {v.num_chains} chains)"
+        text = repr(v)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    return ", ".join(f"{k}={short(v)}" for k, v in settings.items())
 
 
 def plain(value):

@@ -63,6 +63,13 @@ class FlatPotential:
             values[name] = block if i < n_weights else self.transforms[i - n_weights](block)
         return values
 
+    def unpack_draws(self, draws) -> dict:
+        """Posterior draws ``{site: (chains, draws, *shape)}`` from flat draws ``(chains, draws,
+        dim)``: the one place where every method's flat draws become a posterior's sites."""
+        chains, kept, dim = draws.shape
+        values = self.unpack(draws.reshape(chains * kept, dim))
+        return {k: v.reshape((chains, kept) + v.shape[1:]) for k, v in values.items()}
+
     def pack(self, values: dict):
         """The inverse of :meth:`unpack`: ``z`` of shape ``(chains, dim)`` from constrained values
         ``{site: (chains, *shape)}``."""

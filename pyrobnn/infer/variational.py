@@ -15,7 +15,7 @@ import pyro
 import torch
 from pyro.infer import Predictive
 
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.posterior import Posterior, describe_settings
 from pyrobnn.infer.svi.trainer import History
 from pyrobnn.validation import check_positive_int
 
@@ -111,7 +111,7 @@ class VariationalPosterior:
         ]
         made = f"trained in {self.seconds:.1f} s"
         if self.settings:
-            made += "; settings: " + ", ".join(f"{k}={v}" for k, v in self.settings.items())
+            made += "; settings: " + describe_settings(self.settings)
         lines.append(made)
         h = self.history
         if h is not None and len(h):

@@ -10,9 +10,10 @@ from typing import Callable, Optional
 import lightning as L
 import torch
 
+from pyrobnn.infer.minibatch import minibatch_log_joint
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, member_initializations
 from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.infer.svi.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.infer.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.infer.svi.trainer import default_optimizer
@@ -54,9 +55,9 @@ class _FrozenWhileFitting:
 
 class _SkipsNonFiniteSteps:
     """A non-finite loss or gradient handled as in :func:`pyrobnn.fit`: flagged on the device
-    (:class:`~pyrobnn.infer.svi.failures.StepFailures`), that update and every later one skipped
+    (:class:`~pyrobnn.infer.failures.StepFailures`), that update and every later one skipped
     (PyTorch's fused optimizers take the flag; others check at once, a host sync), and at the
-    end of the epoch, on every rank, :class:`~pyrobnn.infer.svi.failures.NonFiniteLossError` names the
+    end of the epoch, on every rank, :class:`~pyrobnn.infer.failures.NonFiniteLossError` names the
     step. The module sets ``_params`` (what its optimizer updates) and ``_last_loss`` (each
     training step's loss)."""
 
@@ -244,11 +245,7 @@ class EnsembleModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModul
             self._outputs = check_forward(self.model.net, x)[-1]
         y = self.model.likelihood.check_targets(y, (x.shape[0], self._outputs))
         n = _dataset_size(self, self.dataset_size)
-        log_prior, log_lik = self.potential.log_joint_terms(self.members, x, y)
-        per_member = -(n / x.shape[0]) * log_lik
-        if self.objective == "map":
-            per_member = per_member - log_prior
-        per_member = per_member / n
+        per_member = -minibatch_log_joint(self.potential, self.members, x, y, n, prior=self.objective == "map") / n
         loss = per_member.sum()
         self._last_loss = loss.detach()
         self.log("loss", per_member.detach().mean(), on_step=False, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=1)
@@ -264,10 +261,10 @@ class EnsembleModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModul
     @torch.no_grad()
     def result(self) -> EnsemblePosterior:
         """The members as draws ``(K, 1, *shape)`` per site."""
-        values = self.potential.unpack(self.members.detach())
+        samples = self.potential.unpack_draws(self.members.detach().unsqueeze(1))
         label = "deep ensemble (MAP)" if self.objective == "map" else "deep ensemble (likelihood)"
         settings = dict(num_members=self.members.shape[0], objective=self.objective, lr=self.lr, weight_decay=self.weight_decay)
-        return EnsemblePosterior({k: v.unsqueeze(1) for k, v in values.items()}, {}, 0.0, label + ", Lightning", settings=settings, model=self.model)
+        return EnsemblePosterior(samples, {}, 0.0, label + ", Lightning", settings=settings, model=self.model)
 
 
 class EndProcessGroup(L.Callback):

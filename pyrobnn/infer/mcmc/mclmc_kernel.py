@@ -67,7 +67,7 @@ from tqdm.auto import tqdm
 from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
 from pyrobnn.runtime import raised_recompile_limits
 
-__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "tune_mclmc", "sample_mclmc", "MCLACHLAN_B1"]
+__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "Stepper", "StepSizeAdapter", "sample_mclmc", "MCLACHLAN_B1"]
 
 #: McLachlan's minimal-norm coefficient (McLachlan 1995; Omelyan et al. 2003)
 MCLACHLAN_B1 = 0.1931833275037836
@@ -156,7 +156,7 @@ def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise
     return z_out, u_out, energy_out, grad_out, d_energy, finite
 
 
-class _Stepper:
+class Stepper:
     """Draws the noise and calls the (possibly compiled) step function, or the native kernels'
     step (:mod:`pyrobnn.infer.mcmc.native`) on the same noise."""
 
@@ -182,8 +182,8 @@ class _Stepper:
         return MCLMCState(z, u, energy, grad), d_energy, finite
 
 
-class _StepSizeAdapter:
-    """The running step-size estimate of phase 1 (per chain)."""
+class StepSizeAdapter:
+    """The running step-size estimate of phases 1 and 2 (per chain)."""
 
     def __init__(self, chains, dtype, device, num_effective_samples: float = 150.0, trust_in_estimate: float = 1.5):
         self.decay = (num_effective_samples - 1.0) / (num_effective_samples + 1.0)
@@ -202,96 +202,12 @@ class _StepSizeAdapter:
         new = torch.where(torch.isfinite(new), new, step_size)
         return torch.minimum(new, self.step_max)
 
+    def state_dict(self) -> dict:
+        return {"time": self.time.cpu(), "x_average": self.x_average.cpu(), "step_max": self.step_max.cpu()}
 
-def tune_mclmc(
-    potential,
-    state: MCLMCState,
-    num_steps1: int,
-    num_steps2: int,
-    num_steps3: int,
-    *,
-    step_size=None,
-    L=None,
-    energy_variance=(0.5, 0.1),
-    diagonal_preconditioning: bool = False,
-    l_factor: float = 0.4,
-    generator=None,
-    compile: bool = False,
-    stepper=None,
-    progress=None,
-):
-    """The three tuning phases (module docstring); returns the state after them, the
-    :class:`MCLMCTuning` and per-phase statistics.
-
-    :param step_size, L: initial values, per chain or scalars (default BlackJAX's,
-        ``sqrt(d) / 4`` and ``sqrt(d)``; :func:`pyrobnn.infer.mcmc.samplers.mclmc` passes MILE's).
-    :param energy_variance: target variance of the energy error per dimension, a number or a
-        ``(start, end)`` pair scheduled linearly over phase 1 (MILE: ``(0.5, 0.1)``).
-    """
-    z = state.z
-    chains, dim = z.shape
-    dtype, device = z.dtype, z.device
-
-    def per_chain(v, default):
-        v = default if v is None else v
-        return torch.as_tensor(v, dtype=dtype, device=device).expand(chains).clone()
-
-    tuning = MCLMCTuning(
-        per_chain(step_size, math.sqrt(dim) * 0.25), per_chain(L, math.sqrt(dim)), torch.ones(chains, dim, dtype=dtype, device=device)
-    )
-    start_var, end_var = (energy_variance, energy_variance) if isinstance(energy_variance, (int, float)) else energy_variance
-    step = stepper if stepper is not None else _Stepper(potential, generator, compile)
-    nonfinite = torch.zeros(chains, dtype=torch.long, device=device)
-
-    def adapt(state, steps, schedule, moments):
-        adapter = _StepSizeAdapter(chains, dtype, device)
-        for i in range(steps):
-            state, d_energy, finite = step(state, tuning)
-            nonfinite.add_((~finite).long())
-            target = schedule(i)
-            tuning.step_size = adapter.update(tuning.step_size, d_energy, finite, dim, target)
-            if moments is not None and i >= moments[0]:
-                w = (tuning.step_size * finite).unsqueeze(-1)
-                moments[1].add_(w.squeeze(-1))
-                moments[2].add_(w * state.z)
-                moments[3].add_(w * state.z.square())
-            if progress is not None:
-                progress(1)
-        return state
-
-    def linear(i):
-        if num_steps1 <= 1:
-            return end_var
-        frac = min(i / (num_steps1 - 1), 1.0)
-        return start_var + (end_var - start_var) * frac
-
-    weight_sum = torch.zeros(chains, dtype=dtype, device=device)
-    moments = (num_steps1, weight_sum, torch.zeros_like(z), torch.zeros_like(z))
-    state = adapt(state, num_steps1 + num_steps2, linear, moments if num_steps2 > 1 else None)
-    if num_steps2 > 1:
-        w = weight_sum.clamp_min(1e-30).unsqueeze(-1)
-        mean = moments[2] / w
-        variance = (moments[3] / w - mean.square()).clamp_min(1e-12)
-        if diagonal_preconditioning:
-            tuning.inv_mass = variance
-            tuning.L = torch.full((chains,), math.sqrt(dim), dtype=dtype, device=device)
-            state = adapt(state, round(num_steps2 / 3), lambda i: end_var, None)
-        else:
-            tuning.L = variance.sum(-1).sqrt()
-    if num_steps3 >= 2:
-        positions = []
-        for _ in range(num_steps3):
-            state, _, finite = step(state, tuning)
-            nonfinite.add_((~finite).long())
-            positions.append(state.z)
-            if progress is not None:
-                progress(1)
-        ess = effective_sample_size(torch.stack(positions, 1))  # (C, D)
-        tau = num_steps3 / ess
-        finite_tau = torch.isfinite(tau)
-        mean_tau = torch.where(finite_tau, tau, 0.0).sum(-1) / finite_tau.sum(-1).clamp_min(1)
-        tuning.L = torch.where(finite_tau.any(-1), l_factor * tuning.step_size * mean_tau, tuning.L)
-    return state, tuning, {"nonfinite_warmup": nonfinite}
+    def load_state_dict(self, state: dict) -> None:
+        device = self.time.device
+        self.time, self.x_average, self.step_max = (state[k].to(device) for k in ("time", "x_average", "step_max"))
 
 
 def sample_mclmc(
@@ -305,16 +221,26 @@ def sample_mclmc(
     L=None,
     energy_variance=(0.5, 0.1),
     diagonal_preconditioning: bool = False,
+    l_factor: float = 0.4,
     generator=None,
     progress: bool = True,
     compile: bool = False,
     native=None,
+    checkpoint=None,
 ):
-    """Tune (``num_warmup`` = the steps of the three phases) and then run ``num_samples`` steps
-    of MCLMC from ``z_init`` (``(C, D)``), keeping every ``thinning``-th position.
+    """Tune (``num_warmup`` = the steps of the three phases of the module docstring) and then
+    run ``num_samples`` steps of MCLMC from ``z_init`` (``(C, D)``), keeping every
+    ``thinning``-th position.
 
+    :param step_size, L: initial values, per chain or scalars (default BlackJAX's,
+        ``sqrt(d) / 4`` and ``sqrt(d)``; :func:`pyrobnn.infer.mcmc.samplers.mclmc` passes MILE's).
+    :param energy_variance: target variance of the energy error per dimension, a number or a
+        ``(start, end)`` pair scheduled linearly over phase 1 (MILE: ``(0.5, 0.1)``).
     :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``: each step runs
         in its native code, on the same noise (``compile`` is then not used).
+    :param checkpoint: a :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`: the run starts
+        from its saved state if there is one and writes its state when due (never inside phase
+        3, whose positions are kept for their autocorrelation) and at the end.
 
     :returns: the draws ``(C, num_samples // thinning, D)`` and statistics: ``energy`` (the
         potential at each draw, ``(C, S)``), ``energy_change`` (the energy error of each kept
@@ -331,29 +257,103 @@ def sample_mclmc(
     if min(n1, n2, n3) < 0:
         raise ValueError(f"num_warmup must be three non-negative step counts, got {num_warmup}")
     chains, dim = z_init.shape
-    extra_precond = round(n2 / 3) if diagonal_preconditioning and n2 > 1 else 0
-    total = n1 + n2 + extra_precond + (n3 if n3 >= 2 else 0) + num_samples
-    bar = tqdm(total=total, disable=not progress, desc="MCLMC", unit="step", dynamic_ncols=True, mininterval=0.5)
-    stepper = _Stepper(potential, generator, compile, native)
+    dtype, device = z_init.dtype, z_init.device
+    start_var, end_var = (energy_variance, energy_variance) if isinstance(energy_variance, (int, float)) else energy_variance
+    # the steps of each stretch: phases 1 and 2, the step-size re-tuning after a new
+    # preconditioner, phase 3, sampling
+    adapt_end = n1 + n2
+    precond_end = adapt_end + (round(n2 / 3) if diagonal_preconditioning and n2 > 1 else 0)
+    phase3_end = precond_end + (n3 if n3 >= 2 else 0)
+    total = phase3_end + num_samples
+
+    def per_chain(v, default):
+        v = default if v is None else v
+        return torch.as_tensor(v, dtype=dtype, device=device).expand(chains).clone()
+
+    def scheduled_variance(i):
+        if n1 <= 1:
+            return end_var
+        return start_var + (end_var - start_var) * min(i / (n1 - 1), 1.0)
+
+    stepper = Stepper(potential, generator, compile, native)
+    state = mclmc_init(potential, z_init, generator)
+    tuning = MCLMCTuning(per_chain(step_size, math.sqrt(dim) * 0.25), per_chain(L, math.sqrt(dim)), torch.ones(chains, dim, dtype=dtype, device=device))
+    adapter = StepSizeAdapter(chains, dtype, device)
+    weight_sum, m1, m2 = torch.zeros(chains, dtype=dtype, device=device), torch.zeros_like(z_init), torch.zeros_like(z_init)
+    nonfinite_warmup = torch.zeros(chains, dtype=torch.long, device=device)
+    nonfinite = torch.zeros(chains, dtype=torch.long, device=device)
+    positions, draws, energies, changes = [], [], [], []
+    first = 0
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is not None:
+        state = MCLMCState(*(saved["state"][k].to(device) for k in ("z", "u", "energy", "grad")))
+        tuning = MCLMCTuning(*(saved["tuning"][k].to(device) for k in ("step_size", "L", "inv_mass")))
+        adapter.load_state_dict(saved["adapter"])
+        weight_sum, m1, m2 = (saved["moments"][k].to(device) for k in ("weight_sum", "m1", "m2"))
+        nonfinite_warmup, nonfinite = saved["nonfinite_warmup"].to(device), saved["nonfinite"].to(device)
+        if saved["draws"] is not None:
+            draws, energies, changes = (list(saved[k].to(device).unbind(1)) for k in ("draws", "energies", "changes"))
+        generator.set_state(saved["generator"])
+        first = int(saved["step"])
+
+    def snapshot(done):
+        stack = (lambda xs: torch.stack(xs, 1).cpu()) if draws else (lambda xs: None)
+        return {
+            "step": done, "generator": generator.get_state(),
+            "state": {"z": state.z.cpu(), "u": state.u.cpu(), "energy": state.energy.cpu(), "grad": state.grad.cpu()},
+            "tuning": {"step_size": tuning.step_size.cpu(), "L": tuning.L.cpu(), "inv_mass": tuning.inv_mass.cpu()},
+            "adapter": adapter.state_dict(), "moments": {"weight_sum": weight_sum.cpu(), "m1": m1.cpu(), "m2": m2.cpu()},
+            "nonfinite_warmup": nonfinite_warmup.cpu(), "nonfinite": nonfinite.cpu(),
+            "draws": stack(draws), "energies": stack(energies), "changes": stack(changes),
+        }
+
+    bar = tqdm(total=total, initial=first, disable=not progress, desc="MCLMC", unit="step", dynamic_ncols=True, mininterval=0.5)
     # the step is compiled for each potential (see raised_recompile_limits)
     with raised_recompile_limits(enabled=compile and native is None):
         try:
-            state = mclmc_init(potential, z_init, generator)
-            state, tuning, warm_stats = tune_mclmc(
-                potential, state, n1, n2, n3, step_size=step_size, L=L, energy_variance=energy_variance,
-                diagonal_preconditioning=diagonal_preconditioning, stepper=stepper, progress=bar.update if progress else None,
-            )
-            draws, energies, changes = [], [], []
-            nonfinite = torch.zeros(chains, dtype=torch.long, device=z_init.device)
-            for i in range(num_samples):
+            for t in range(first, total):
                 state, d_energy, finite = stepper(state, tuning)
-                nonfinite.add_((~finite).long())
-                if (i + 1) % thinning == 0:
+                if t < phase3_end:
+                    nonfinite_warmup.add_((~finite).long())
+                else:
+                    nonfinite.add_((~finite).long())
+                if t < adapt_end:  # phases 1 and 2: tune the step size, and in phase 2 gather moments
+                    tuning.step_size = adapter.update(tuning.step_size, d_energy, finite, dim, scheduled_variance(t))
+                    if n2 > 1 and t >= n1:
+                        w = (tuning.step_size * finite).unsqueeze(-1)
+                        weight_sum.add_(w.squeeze(-1))
+                        m1.add_(w * state.z)
+                        m2.add_(w * state.z.square())
+                    if t + 1 == adapt_end and n2 > 1:
+                        w = weight_sum.clamp_min(1e-30).unsqueeze(-1)
+                        mean = m1 / w
+                        variance = (m2 / w - mean.square()).clamp_min(1e-12)
+                        if diagonal_preconditioning:
+                            tuning.inv_mass = variance
+                            tuning.L = torch.full((chains,), math.sqrt(dim), dtype=dtype, device=device)
+                            adapter = StepSizeAdapter(chains, dtype, device)
+                        else:
+                            tuning.L = variance.sum(-1).sqrt()
+                elif t < precond_end:  # the step size again, for the new preconditioner
+                    tuning.step_size = adapter.update(tuning.step_size, d_energy, finite, dim, end_var)
+                elif t < phase3_end:  # phase 3: L from the effective sample size
+                    positions.append(state.z)
+                    if t + 1 == phase3_end:
+                        ess = effective_sample_size(torch.stack(positions, 1))  # (C, D)
+                        positions = []
+                        tau = (phase3_end - precond_end) / ess
+                        finite_tau = torch.isfinite(tau)
+                        mean_tau = torch.where(finite_tau, tau, 0.0).sum(-1) / finite_tau.sum(-1).clamp_min(1)
+                        tuning.L = torch.where(finite_tau.any(-1), l_factor * tuning.step_size * mean_tau, tuning.L)
+                elif (t - phase3_end + 1) % thinning == 0:
                     draws.append(state.z)
                     energies.append(state.energy)
                     changes.append(d_energy)
                 if progress:
                     bar.update(1)
+                inside_phase3 = precond_end <= t + 1 < phase3_end
+                if checkpoint is not None and not inside_phase3 and (t + 1 == total or checkpoint.due(t + 1)):
+                    checkpoint.save(snapshot(t + 1))
         finally:
             bar.close()
     stats = {
@@ -363,7 +363,7 @@ def sample_mclmc(
         "L": tuning.L,
         "inv_mass": tuning.inv_mass,
         "nonfinite": nonfinite,
-        **warm_stats,
+        "nonfinite_warmup": nonfinite_warmup,
     }
     samples = torch.stack(draws, 1) if draws else z_init.new_zeros(chains, 0, dim)
     return samples, stats

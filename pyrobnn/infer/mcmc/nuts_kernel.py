@@ -28,7 +28,7 @@ from pyrobnn.runtime import raised_recompile_limits
 
 __all__ = [
     "NUTSState", "nuts_step", "transition_uniforms", "find_step_size", "DualAveraging", "WelfordVariance", "warmup_windows",
-    "sample_nuts",
+    "WindowAdaptation", "sample_nuts",
 ]
 
 MAX_DELTA_ENERGY = 1000.0
@@ -340,6 +340,52 @@ def warmup_windows(num_warmup: int, init_buffer: int = 75, term_buffer: int = 50
     return ends
 
 
+class WindowAdaptation:
+    """Stan's warm-up for NUTS, per chain (BlackJAX's ``window_adaptation``): dual averaging of
+    the step size towards ``target_accept`` throughout, and a diagonal inverse mass matrix
+    estimated in doubling windows (:func:`warmup_windows`), each ending with a fresh step-size
+    search. :meth:`update` takes one warm-up transition's result; ``step_size`` and
+    ``inv_mass`` are what the next transition uses."""
+
+    def __init__(self, potential, state: NUTSState, num_warmup: int, target_accept: float = 0.8, generator=None):
+        self.potential, self.generator, self.num_warmup = potential, generator, num_warmup
+        self.inv_mass = torch.ones_like(state.z)
+        self.step_size = find_step_size(potential, state, self.inv_mass, generator=generator)
+        self.adapter = DualAveraging(self.step_size, target_accept)
+        self.variance = WelfordVariance(state.z)
+        self.window_ends = set(warmup_windows(num_warmup))
+        self.window_start = 75 if num_warmup >= 150 else int(0.15 * num_warmup)
+
+    def update(self, i: int, state: NUTSState, accept_prob) -> None:
+        """After warm-up transition ``i`` (0-based) to ``state``."""
+        self.step_size = self.adapter.update(accept_prob)
+        if i >= self.window_start:
+            self.variance.update(state.z)
+        if i + 1 in self.window_ends:
+            self.inv_mass = self.variance.regularized()
+            self.variance = WelfordVariance(state.z)
+            self.step_size = find_step_size(self.potential, state, self.inv_mass, initial=1.0, generator=self.generator)
+            self.adapter.reset(self.step_size)
+        if i + 1 == self.num_warmup:
+            self.step_size = self.adapter.final_step_size
+
+    def state_dict(self) -> dict:
+        a, v = self.adapter, self.variance
+        return {
+            "step_size": self.step_size, "inv_mass": self.inv_mass,
+            "adapter": {"mu": a.mu, "h_bar": a.h_bar, "log_step_bar": a.log_step_bar, "t": a.t},
+            "variance": {"n": v.n, "mean": v.mean, "m2": v.m2},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        device = self.inv_mass.device
+        self.step_size, self.inv_mass = state["step_size"].to(device), state["inv_mass"].to(device)
+        a, v = state["adapter"], state["variance"]
+        self.adapter.mu, self.adapter.h_bar, self.adapter.log_step_bar = a["mu"].to(device), a["h_bar"].to(device), a["log_step_bar"].to(device)
+        self.adapter.t = int(a["t"])
+        self.variance.n, self.variance.mean, self.variance.m2 = int(v["n"]), v["mean"].to(device), v["m2"].to(device)
+
+
 def sample_nuts(
     potential,
     z_init,
@@ -347,15 +393,14 @@ def sample_nuts(
     num_warmup: int,
     max_tree_depth: int = 10,
     target_accept: float = 0.8,
-    adapt_mass: bool = True,
     generator=None,
     progress: bool = True,
-    transform=None,
     compile: bool = False,
     native=None,
+    checkpoint=None,
 ):
-    """Run NUTS on every chain of ``z_init`` (``(C, D)``); returns the samples ``(C, S, D)``
-    (mapped through ``transform`` per draw if given) and per-draw statistics.
+    """Run NUTS on every chain of ``z_init`` (``(C, D)``) with Stan's warm-up
+    (:class:`WindowAdaptation`); returns the samples ``(C, S, D)`` and per-draw statistics.
 
     :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``: every
         transition runs in its native code (``compile`` is then not used).
@@ -364,7 +409,10 @@ def sample_nuts(
         the merge) with ``torch.compile`` and Inductor's C++ wrapper, so that the loop over
         leaves runs in compiled code: one call and one host sync per doubling, not per leaf.
         On a 1-50-1 network at 4 chains that is about 3x less time per leaf than a compiled
-        call per leaf, and a few seconds of compilation (``docs/benchmarks.md``)."""
+        call per leaf, and a few seconds of compilation (``docs/benchmarks.md``).
+    :param checkpoint: a :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`: the run starts
+        from its saved state if there is one, and writes its state (the chains, the warm-up's
+        adaptation, the random generator, the draws so far) when due and at the end."""
     chains, dim = z_init.shape
     if native is not None:
         double, compile = None, False
@@ -374,48 +422,55 @@ def sample_nuts(
         double = functools.partial(_double, potential, _eager_while_loop)
     energy, grad = potential(z_init)
     state = NUTSState(z_init, energy, grad)
-    inv_mass = torch.ones_like(z_init)
-    step = find_step_size(potential, state, inv_mass, generator=generator)
-    adapter = DualAveraging(step, target_accept)
-    variance = WelfordVariance(z_init)
-    window_ends = set(warmup_windows(num_warmup)) if adapt_mass else set()
-    window_start = 75 if num_warmup >= 150 else int(0.15 * num_warmup)
+    warmup = WindowAdaptation(potential, state, num_warmup, target_accept, generator)
     draws, stats_all = [], {"accept_prob": [], "tree_depth": [], "num_steps": [], "diverging": []}
-    bar = tqdm(total=num_warmup + num_samples, disable=not progress, desc="NUTS", unit="it", dynamic_ncols=True)
+    first = 0
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is not None:
+        device = z_init.device
+        state = NUTSState(*(saved["state"][k].to(device) for k in ("z", "energy", "grad")))
+        warmup.load_state_dict(saved["warmup"])
+        generator.set_state(saved["generator"])
+        if saved["draws"] is not None:
+            draws = list(saved["draws"].to(device).unbind(1))
+            stats_all = {k: list(v.to(device).unbind(1)) for k, v in saved["stats"].items()}
+        first = int(saved["iteration"])
+
+    def snapshot(done):
+        return {
+            "iteration": done, "state": {"z": state.z.cpu(), "energy": state.energy.cpu(), "grad": state.grad.cpu()},
+            "warmup": warmup.state_dict(), "generator": generator.get_state(),
+            "draws": torch.stack(draws, 1).cpu() if draws else None,
+            "stats": {k: torch.stack(v, 1).cpu() for k, v in stats_all.items()} if draws else None,
+        }
+
+    total = num_warmup + num_samples
+    bar = tqdm(total=total, initial=first, disable=not progress, desc="NUTS", unit="it", dynamic_ncols=True)
     # Dynamo guards the compiled leaf on the potential object, so each run compiles anew; past
     # its default limit of 8 recompilations per function it would silently run the leaf
     # eagerly (10x slower) from the ninth run in a process on (e.g. the ninth UCI split).
     with raised_recompile_limits(enabled=compile):
         try:
-            for i in range(num_warmup + num_samples):
+            for i in range(first, total):
                 warming = i < num_warmup
-                state, stats = nuts_step(potential, state, step, inv_mass, max_tree_depth, generator, double, native)
+                state, stats = nuts_step(potential, state, warmup.step_size, warmup.inv_mass, max_tree_depth, generator, double, native)
                 if warming:
-                    step = adapter.update(stats["accept_prob"])
-                    if adapt_mass and i >= window_start:
-                        variance.update(state.z)
-                    if i + 1 in window_ends:
-                        inv_mass = variance.regularized()
-                        variance = WelfordVariance(z_init)
-                        step = find_step_size(potential, state, inv_mass, initial=1.0, generator=generator)
-                        adapter.reset(step)
-                    if i + 1 == num_warmup:
-                        step = adapter.final_step_size
+                    warmup.update(i, state, stats["accept_prob"])
                 else:
-                    draws.append(transform(state.z) if transform is not None else state.z.clone())
+                    draws.append(state.z.clone())
                     for k in stats_all:
                         stats_all[k].append(stats[k])
-                if progress and (i % 10 == 0 or i + 1 == num_warmup + num_samples):
+                if progress and (i % 10 == 0 or i + 1 == total):
                     bar.set_postfix(
-                        {"phase": "warmup" if warming else "sample", "step": f"{step.mean().item():.2g}", "depth": int(stats["tree_depth"].max())},
+                        {"phase": "warmup" if warming else "sample", "step": f"{warmup.step_size.mean().item():.2g}", "depth": int(stats["tree_depth"].max())},
                         refresh=False,
                     )
                 bar.update(1)
+                if checkpoint is not None and (i + 1 == total or checkpoint.due(i + 1)):
+                    checkpoint.save(snapshot(i + 1))
         finally:
             bar.close()
     stacked = {k: torch.stack(v, 1) for k, v in stats_all.items()} if draws else {}
-    stacked["step_size"] = step
-    stacked["inv_mass"] = inv_mass
-    if transform is None:
-        return torch.stack(draws, 1) if draws else z_init.new_zeros(chains, 0, dim), stacked
-    return draws, stacked
+    stacked["step_size"] = warmup.step_size
+    stacked["inv_mass"] = warmup.inv_mass
+    return torch.stack(draws, 1) if draws else z_init.new_zeros(chains, 0, dim), stacked

@@ -10,15 +10,17 @@ over processes (:mod:`pyrobnn.infer.processes`) and joins their posteriors.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
 import pyro
 import torch
 
+from pyrobnn.infer.checkpoints import RunCheckpoint, digest
 from pyrobnn.infer.mcmc import native as native_kernels
 from pyrobnn.infer.mcmc.budget import ExecutionPath, choose_path
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.posterior import Posterior, structure
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
@@ -31,13 +33,19 @@ def label(name: str, init) -> str:
     return f"pyrobnn {name}" + (" (ensemble-initialized)" if init is not None else "")
 
 
-def run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, compile, evaluations, bound=False, settings=None) -> Posterior:
+def run_sampler(
+    model, x, y, run, name, init, num_chains, init_radius, seed, compile, evaluations, bound=False, settings=None, checkpoint=None,
+) -> Posterior:
     """What the model-level samplers share: check the model and data, build the potential and
     the starting positions, let the budget pick the path (:func:`~pyrobnn.infer.budget.choose_path`,
     for ``evaluations`` gradient evaluations per chain), run ``run(potential_fn, z0, generator,
-    path)`` without gradients (a failed ``torch.compile`` falls back to eager code with a
-    warning), and unpack the draws ``(chains, draws, dim)`` into sites, with the potential at
-    every draw and the path in the stats."""
+    path, run_checkpoint)`` without gradients (a failed ``torch.compile`` falls back to eager code
+    with a warning), and unpack the draws ``(chains, draws, dim)`` into sites, with the potential
+    at every draw and the path in the stats.
+
+    :param checkpoint: ``(path, every, seconds)`` or ``None``: the run's
+    :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`, whose identity is the sampler, its
+    ``settings``, the data, the starting positions and the model's structure."""
     check_samplable(model)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)
@@ -48,6 +56,12 @@ def run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, com
         potential = FlatPotential(model, x, y)
         generator = torch.Generator(device=model.device).manual_seed(seed)
         z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+        run_checkpoint = None
+        if checkpoint is not None:
+            path_, every, seconds_ = checkpoint
+            fixed = {k: v for k, v in (settings or {}).items() if k not in ("compile", "num_processes", "init")}
+            identity = dict(fixed, data=digest(x, potential.y), start=digest(z0), structure=structure(model))
+            run_checkpoint = RunCheckpoint(path_, name, identity, every, seconds_)
         start = time.perf_counter()
         # the positions are unconstrained and mapped into each support, so distribution argument
         # checks (Pyro's validation) cannot fail here except on a non-finite step, which the
@@ -56,21 +70,20 @@ def run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, com
         with torch.no_grad(), pyro.validation_enabled(False):
             path = choose_path(potential, z0, compile, name, evaluations, bound)
             if path.kind == "native":
-                draws, stats = run(path.native.value_and_grad, z0, generator, path)
+                draws, stats = run(path.native.value_and_grad, z0, generator, path, run_checkpoint)
             elif path.kind == "torch.compile":
                 try:
-                    draws, stats = run(potential.value_and_grad_functional, z0, generator, path)
+                    draws, stats = run(potential.value_and_grad_functional, z0, generator, path, run_checkpoint)
                 except Exception as e:  # no C++ compiler, an unsupported operation, ...
                     warnings.warn(f"{name} runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
                     path = ExecutionPath("eager", f"torch.compile failed ({type(e).__name__}); {path.reason}")
                     generator.manual_seed(seed)
                     z0 = initial_positions(potential, init, num_chains, init_radius, generator)
-                    draws, stats = run(potential.value_and_grad, z0, generator, path)
+                    draws, stats = run(potential.value_and_grad, z0, generator, path, run_checkpoint)
             else:
-                draws, stats = run(potential.value_and_grad, z0, generator, path)
+                draws, stats = run(potential.value_and_grad, z0, generator, path, run_checkpoint)
         seconds = time.perf_counter() - start
-        chains, kept = draws.shape[:2]
-        values = potential.unpack(draws.reshape(chains * kept, potential.dim))
+        samples = potential.unpack_draws(draws)
         if "energy" not in stats:
             stats["energy"] = energies(potential, draws)
         stats.update(path.stats())
@@ -78,15 +91,17 @@ def run_sampler(model, x, y, run, name, init, num_chains, init_radius, seed, com
         model.train(was_training)
         if path is not None and path.native is not None:
             path.native.close()
-    samples = {k: v.reshape((chains, kept) + v.shape[1:]) for k, v in values.items()}
     return Posterior(samples, stats, seconds, label(name, init), "mcmc", settings or {}, model)
 
 
-def run_in_process_groups(sampler, name, model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress, settings=None):
+def run_in_process_groups(
+    sampler, name, model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress, settings=None, checkpoint=None,
+):
     """``sampler`` (:func:`nuts` or :func:`mclmc`) with its chains split over ``num_processes``
     processes: the starting positions are drawn here (from ``seed``, as in one process), group
     ``i`` samples from the seed ``seed + i``, and the groups' draws and per-chain statistics are
-    joined in chain order."""
+    joined in chain order. With ``checkpoint`` (``(path, every, seconds)``), group ``i`` of
+    ``k`` checkpoints to ``<path>.group<i>-of-<k>``."""
     check_positive_int("num_processes", num_processes)
     check_samplable(model)
     x, y = validate_training_data(model, x, y)
@@ -98,7 +113,13 @@ def run_in_process_groups(sampler, name, model, x, y, init, num_chains, init_rad
             native_kernels.library()
         except native_kernels.NativeUnavailable:
             pass  # each process will say why in its stats
-    calls = [((model, x, y), dict(options, init=g, seed=seed + i, progress=False)) for i, g in enumerate(groups)]
+    def group_checkpoint(i):
+        if checkpoint is None:
+            return {}
+        path_, every, seconds_ = checkpoint
+        return dict(checkpoint=f"{os.fspath(path_)}.group{i}-of-{len(groups)}", checkpoint_every=every, checkpoint_seconds=seconds_)
+
+    calls = [((model, x, y), dict(options, init=g, seed=seed + i, progress=False, **group_checkpoint(i))) for i, g in enumerate(groups)]
     start = time.perf_counter()
     results = run_in_processes(sampler, calls, progress=progress, desc=f"{name}, {len(groups)} processes")
     seconds = time.perf_counter() - start

@@ -16,12 +16,14 @@ from pyrobnn.infer.mcmc.budget import check_compile
 from pyrobnn.infer.mcmc.mclmc_kernel import sample_mclmc
 from pyrobnn.infer.mcmc.nuts_kernel import sample_nuts
 from pyrobnn.infer.mcmc.runner import run_in_process_groups, run_sampler
+from pyrobnn.infer.moved import data_then_keywords
 from pyrobnn.infer.posterior import Posterior
 from pyrobnn.validation import check_positive_number, check_samplable, validate_training_data
 
 __all__ = ["nuts", "mclmc", "pyro_nuts", "ensemble_sampling"]
 
 
+@data_then_keywords
 def nuts(
     model,
     x,
@@ -37,6 +39,9 @@ def nuts(
     progress: bool = True,
     init=None,
     num_processes: int = 1,
+    checkpoint=None,
+    checkpoint_every=None,
+    checkpoint_seconds: float = 60.0,
 ) -> Posterior:
     """NUTS for ``model`` conditioned on ``(x, y)``, all chains in one batched computation.
 
@@ -72,6 +77,12 @@ def nuts(
         trajectory, and each uses its own core. Group ``i`` draws from the seed ``seed + i``
         (the starting positions are drawn here from ``seed``, so they do not change). The native
         kernels are built here first, so the processes load them instead of building their own.
+    :param checkpoint: a file to write the run's state to (the chains, the warm-up's adaptation,
+        the random generator and the draws so far), every ``checkpoint_every`` transitions or
+        ``checkpoint_seconds`` seconds and at the end. The same call with the same file resumes
+        from it and gives the uninterrupted run's draws (on the same code path;
+        :mod:`pyrobnn.infer.checkpoints`); with ``num_processes``, group ``i`` of ``k`` writes
+        ``<checkpoint>.group<i>-of-<k>``.
     """
     for name, value, least in (("num_samples", num_samples, 1), ("num_warmup", num_warmup, 0), ("max_tree_depth", max_tree_depth, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -79,6 +90,7 @@ def nuts(
     if not (isinstance(target_accept, (int, float)) and 0 < target_accept < 1):
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
     check_compile(compile)
+    run_checkpoint = None if checkpoint is None else (checkpoint, checkpoint_every, checkpoint_seconds)
     settings = dict(
         num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains, max_tree_depth=max_tree_depth,
         target_accept=target_accept, seed=seed, init_radius=init_radius, compile=compile, init=init, num_processes=num_processes,
@@ -86,19 +98,25 @@ def nuts(
 
     if num_processes != 1:
         options = dict(num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth, target_accept=target_accept, compile=compile)
-        return run_in_process_groups(nuts, "NUTS", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress, settings)
+        return run_in_process_groups(
+            nuts, "NUTS", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress, settings, run_checkpoint,
+        )
 
-    def run(potential_fn, z0, generator, path):
+    def run(potential_fn, z0, generator, path, checkpoint_):
         return sample_nuts(
             potential_fn, z0, num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth,
             target_accept=target_accept, generator=generator, progress=progress, compile=path.kind == "torch.compile",
-            native=path.native,
+            native=path.native, checkpoint=checkpoint_,
         )
 
     evaluations = (num_warmup + num_samples) * (2**max_tree_depth - 1)
-    return run_sampler(model, x, y, run, "NUTS", init, num_chains, init_radius, seed, compile, evaluations, bound=True, settings=settings)
+    return run_sampler(
+        model, x, y, run, "NUTS", init, num_chains, init_radius, seed, compile, evaluations, bound=True, settings=settings,
+        checkpoint=run_checkpoint,
+    )
 
 
+@data_then_keywords
 def mclmc(
     model,
     x,
@@ -118,6 +136,9 @@ def mclmc(
     compile="auto",
     progress: bool = True,
     num_processes: int = 1,
+    checkpoint=None,
+    checkpoint_every=None,
+    checkpoint_seconds: float = 60.0,
 ) -> Posterior:
     """Unadjusted MCLMC (:mod:`pyrobnn.infer.mcmc.mclmc_kernel`) for ``model`` conditioned on ``(x, y)``, all
     chains in one batched computation, each chain tuned on its own.
@@ -135,6 +156,11 @@ def mclmc(
         enough, else eager torch code), ``True`` or ``False``.
     :param num_processes: run the chains in this many groups, one process each, as in
         :func:`nuts`.
+    :param checkpoint: a file to write the run's state to, every ``checkpoint_every`` steps or
+        ``checkpoint_seconds`` seconds (in the tuning phases as well, except inside the third,
+        whose positions are kept for their autocorrelation: a run killed there goes on from the
+        phase's start) and at the end; the same call with the same file resumes from it, as in
+        :func:`nuts`.
     :returns: a :class:`~pyrobnn.infer.posterior.Posterior` with ``num_samples // thinning`` draws per chain; its stats
         hold the potential at each draw (``energy``), the energy errors, the tuned ``step_size``,
         ``L`` and ``inv_mass``, and the steps undone for a non-finite result (``nonfinite``).
@@ -151,21 +177,27 @@ def mclmc(
         energy_variance=energy_variance, diagonal_preconditioning=diagonal_preconditioning, compile=compile,
     )
     settings = dict(options, num_chains=num_chains, seed=seed, init_radius=init_radius, init=init, num_processes=num_processes)
+    run_checkpoint = None if checkpoint is None else (checkpoint, checkpoint_every, checkpoint_seconds)
     if num_processes != 1:
-        return run_in_process_groups(mclmc, "MCLMC", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress, settings)
+        return run_in_process_groups(
+            mclmc, "MCLMC", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress, settings, run_checkpoint,
+        )
 
-    def run(potential_fn, z0, generator, path):
+    def run(potential_fn, z0, generator, path, checkpoint_):
         L0 = max(math.sqrt(z0.shape[1]), 15.0) if L is None else L
         return sample_mclmc(
             potential_fn, z0, num_samples, num_warmup, thinning=thinning, step_size=step_size, L=L0, energy_variance=energy_variance,
             diagonal_preconditioning=diagonal_preconditioning, generator=generator, progress=progress,
-            compile=path.kind == "torch.compile", native=path.native,
+            compile=path.kind == "torch.compile", native=path.native, checkpoint=checkpoint_,
         )
 
     steps = sum(num_warmup) + (round(num_warmup[1] / 3) if diagonal_preconditioning else 0) + num_samples
-    return run_sampler(model, x, y, run, "MCLMC", init, num_chains, init_radius, seed, compile, 2 * steps, settings=settings)
+    return run_sampler(
+        model, x, y, run, "MCLMC", init, num_chains, init_radius, seed, compile, 2 * steps, settings=settings, checkpoint=run_checkpoint,
+    )
 
 
+@data_then_keywords
 def pyro_nuts(
     model,
     x,
@@ -210,7 +242,8 @@ def pyro_nuts(
     return Posterior(samples, {"diverging": torch.stack(stats["diverging"])}, seconds, "pyro NUTS", "mcmc", settings, model)
 
 
-def ensemble_sampling(model, x, y, ensemble: Posterior, sampler: str = "mclmc", **kwargs) -> Posterior:
+@data_then_keywords
+def ensemble_sampling(model, x, y, ensemble: Posterior = None, sampler: str = "mclmc", **kwargs) -> Posterior:
     """Ensemble-initialized sampling (Sommer et al. 2024, ICML; MILE, Sommer et al. 2025, ICLR):
     one chain per member of ``ensemble`` (:func:`pyrobnn.deep_ensemble`), run by ``sampler``
     (``"mclmc"``: :func:`mclmc` with MILE's settings by default; ``"nuts"``: :func:`nuts`, MILE's
@@ -218,7 +251,7 @@ def ensemble_sampling(model, x, y, ensemble: Posterior, sampler: str = "mclmc", 
     sit in different regions by design: judge each one on its own
     (:func:`pyrobnn.diagnostics.within_chain_summary`, or the result's ``summary()``)."""
     if not isinstance(ensemble, Posterior):
-        raise TypeError(f"ensemble must be the result of deep_ensemble, got {type(ensemble).__name__}")
+        raise TypeError(f"ensemble_sampling needs ensemble=deep_ensemble(...), got {type(ensemble).__name__}")
     if sampler == "mclmc":
         return mclmc(model, x, y, init=ensemble, **kwargs)
     if sampler == "nuts":

@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.checkpoints import RunCheckpoint, digest
+from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint
+from pyrobnn.infer.moved import data_then_keywords
+from pyrobnn.infer.posterior import Posterior, structure
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.validation import check_positive_int, check_positive_number, check_samplable, validate_training_data
@@ -126,6 +130,7 @@ def train_members(
     patience: int = 10,
     seed: int = 0,
     progress: bool = True,
+    checkpoint=None,
 ):
     """Train the members ``z_init`` (``(K, dim)``) with AdamW in one batched computation.
 
@@ -133,7 +138,10 @@ def train_members(
     from ``seed``), in minibatches of ``batch_size`` (all points if ``None``). With validation
     data, each member's validation negative log-likelihood per point is measured after each
     epoch; the member keeps its best state, and stops (its rows frozen) after ``patience``
-    epochs without improvement. Returns ``(z, stats, history)``.
+    epochs without improvement. A non-finite step is handled by the one policy of
+    :mod:`pyrobnn.infer.minibatch` (skipped, and reported at the end of the epoch).
+    ``checkpoint``: a :class:`~pyrobnn.infer.checkpoints.RunCheckpoint` to resume from and
+    write to (once per epoch when due). Returns ``(z, stats, history)``.
     """
     if objective not in ("map", "likelihood"):
         raise ValueError(f"objective must be 'map' or 'likelihood', got {objective!r}")
@@ -150,8 +158,9 @@ def train_members(
     check_positive_int("batch_size", batch_size)
     members = z_init.shape[0]
     z = torch.nn.Parameter(z_init.detach().clone())
-    optimizer = torch.optim.AdamW([z], lr=lr, weight_decay=weight_decay)
-    generator = torch.Generator().manual_seed(seed)
+    # fused: a failed step is skipped on the device, without a host synchronization
+    optimizer = torch.optim.AdamW([z], lr=lr, weight_decay=weight_decay, fused=z.device.type in ("cpu", "cuda"))
+    loop = MinibatchLoop(n, batch_size, seed, x.device, advice=f"Lower lr (now {lr}).")
     validate = x_val is not None
     best = z_init.detach().clone()
     best_loss = torch.full((members,), math.inf, dtype=z.dtype, device=z.device)
@@ -159,25 +168,39 @@ def train_members(
     active = torch.ones(members, dtype=torch.bool, device=z.device)
     epochs = torch.zeros(members, dtype=torch.long)
     history = []
-    bar = tqdm(total=max_epochs, disable=not progress, desc="deep ensemble", unit="epoch", dynamic_ncols=True)
+    start_epoch, done = 0, False
+    saved = checkpoint.load() if checkpoint is not None else None
+    if saved is not None:
+        device = z.device
+        z.data = saved["z"].to(device)
+        optimizer.load_state_dict(saved["optimizer"])
+        loop.load_state_dict(saved["loop"])
+        best, best_loss, active = saved["best"].to(device), saved["best_loss"].to(device), saved["active"].to(device)
+        best_epoch, epochs = saved["best_epoch"], saved["epochs"]
+        history = list(saved["history"])
+        start_epoch, done = int(saved["epoch"]), bool(saved["done"])
+
+    def state(finished):
+        return {
+            "epoch": epoch + 1, "done": finished, "z": z.detach().cpu(), "optimizer": optimizer.state_dict(), "loop": loop.state_dict(),
+            "best": best.cpu(), "best_loss": best_loss.cpu(), "best_epoch": best_epoch, "active": active.cpu(), "epochs": epochs,
+            "history": torch.stack(history),
+        }
+
+    bar = tqdm(total=max_epochs, initial=start_epoch, disable=not progress, desc="deep ensemble", unit="epoch", dynamic_ncols=True)
     try:
-        for epoch in range(max_epochs):
-            perm = torch.randperm(n, generator=generator).to(x.device)
+        for epoch in range(start_epoch, 0 if done else max_epochs):
             train_loss = torch.zeros(members, dtype=z.dtype, device=z.device)
-            for i in range(0, n, batch_size):
-                idx = perm[i : i + batch_size]
-                log_prior, log_lik = potential.log_joint_terms(z, x[idx], y[idx])
-                per_member = -(n / idx.shape[0]) * log_lik
-                if objective == "map":
-                    per_member = per_member - log_prior
-                per_member = per_member / n
+            for idx in loop.epoch_batches():
+                per_member = -minibatch_log_joint(potential, z, x[idx], y[idx], n, prior=objective == "map") / n
                 optimizer.zero_grad(set_to_none=True)
                 per_member.sum().backward()
-                optimizer.step()
+                loop.optimizer_step(optimizer, per_member, [z])
                 with torch.no_grad():
                     # stopped members stay where they stopped (their AdamW moments move on unused)
                     z.data = torch.where(active.unsqueeze(-1), z.data, best)
                 train_loss += per_member.detach() * idx.shape[0] / n
+            loop.end_epoch([z])
             epochs += active.cpu().long()
             with torch.no_grad():
                 loss = -potential.pointwise_log_likelihood(z, x_val, y_val).mean(-1) if validate else train_loss
@@ -190,7 +213,10 @@ def train_members(
                 active = active & ((epoch + 1 - best_epoch.to(z.device)) < patience)
             bar.set_postfix({"loss": f"{loss.mean().item():.3f}", "training": int(active.sum())}, refresh=False)
             bar.update(1)
-            if not active.any():
+            finished = not bool(active.any()) or epoch + 1 == max_epochs
+            if checkpoint is not None and (finished or checkpoint.due(epoch + 1)):
+                checkpoint.save(state(finished))
+            if finished:
                 break
     finally:
         bar.close()
@@ -200,6 +226,7 @@ def train_members(
     return best, stats, torch.stack(history)
 
 
+@data_then_keywords
 def deep_ensemble(
     model,
     x,
@@ -218,6 +245,9 @@ def deep_ensemble(
     seed: int = 0,
     progress: bool = True,
     num_processes: int = 1,
+    checkpoint=None,
+    checkpoint_every=None,
+    checkpoint_seconds: float = 60.0,
 ) -> EnsemblePosterior:
     """A deep ensemble of ``num_members`` members of ``model`` trained on ``(x, y)``.
 
@@ -233,6 +263,11 @@ def deep_ensemble(
     :param num_processes: train the members in this many groups, one process each
         (:mod:`pyrobnn.infer.processes`); every member follows the path it follows in one
         process (the same initialization and data order), up to floating-point rounding.
+    :param checkpoint: a file to write the training state to, every ``checkpoint_every``
+        epochs or ``checkpoint_seconds`` seconds and at the end; the same call with the same
+        file resumes from it and trains the members an uninterrupted run trains
+        (:mod:`pyrobnn.infer.checkpoints`). With ``num_processes``, each process writes its own
+        file, ``<checkpoint>.group<i>-of-<k>``.
     :returns: an :class:`EnsemblePosterior`: the members as ``(K, 1, *shape)`` draws.
 
     Example::
@@ -275,20 +310,31 @@ def deep_ensemble(
             objective=objective, lr=lr, weight_decay=weight_decay, batch_size=batch_size, max_epochs=max_epochs,
             patience=patience, seed=seed,
         )
+        def run_checkpoint(rows, suffix=""):
+            if checkpoint is None:
+                return None
+            identity = dict(options, data=digest(x, y_checked, x_val, y_val), start=digest(rows), structure=structure(model))
+            path = os.fspath(checkpoint) + suffix
+            return RunCheckpoint(path, "deep ensemble", identity, checkpoint_every, checkpoint_seconds)
+
         if num_processes == 1:
-            z, stats, history = train_members(potential, z0, x, y_checked, x_val, y_val, progress=progress, **options)
+            z, stats, history = train_members(
+                potential, z0, x, y_checked, x_val, y_val, progress=progress, checkpoint=run_checkpoint(z0), **options
+            )
         else:
             groups = split_rows(z0, num_processes)
-            calls = [((potential, g, x, y_checked, x_val, y_val), dict(options, progress=False)) for g in groups]
+            calls = [
+                ((potential, g, x, y_checked, x_val, y_val), dict(options, progress=False, checkpoint=run_checkpoint(g, f".group{i}-of-{len(groups)}")))
+                for i, g in enumerate(groups)
+            ]
             results = run_in_processes(train_members, calls, progress=progress, desc=f"deep ensemble, {len(groups)} processes")
             z = torch.cat([r[0] for r in results], 0)
             stats = concat_rows([r[1] for r in results])
             history = _join_histories([r[2] for r in results], [r[1]["val_nll" if x_val is not None else "train_loss"] for r in results])
         seconds = time.perf_counter() - start
-        values = potential.unpack(z.detach())
+        samples = potential.unpack_draws(z.detach().unsqueeze(1))
     finally:
         model.train(was_training)
-    samples = {k: v.unsqueeze(1) for k, v in values.items()}
     label = "deep ensemble (MAP)" if objective == "map" else "deep ensemble (likelihood)"
     settings = dict(
         num_members=num_members, validation=held_out, num_processes=num_processes, **options,

@@ -195,7 +195,7 @@ def _last_linear(net):
 def _map_values(model, map_estimate, x, y, seed, map_options):
     if map_estimate is None:
         options = {"progress": False, **(map_options or {})}
-        map_estimate = deep_ensemble(model, x, y, 1, objective="map", seed=seed, **options)
+        map_estimate = deep_ensemble(model, x, y, num_members=1, objective="map", seed=seed, **options)
     if isinstance(map_estimate, EnsemblePosterior):
         if map_estimate.num_chains != 1:
             raise ValueError(f"map_estimate must be one member, got an ensemble of {map_estimate.num_chains}")

@@ -22,6 +22,7 @@ recomputed for each draw, which this implementation does not do.
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -31,7 +32,9 @@ from tqdm.auto import tqdm
 
 from pyrobnn.infer.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.checkpoints import RunCheckpoint, digest
+from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint
+from pyrobnn.infer.posterior import Posterior, structure
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
 
@@ -108,10 +111,7 @@ class SWAGPosterior(Posterior):
         check_positive_int("num_samples", num_samples)
         model = self._require_model("sample")
         generator = torch.Generator(device=self.moments.mean.device).manual_seed(seed)
-        draws = self.moments.sample(num_samples, generator)
-        runs = draws.shape[0]
-        values = FlatPotential(model).unpack(draws.reshape(runs * num_samples, -1))
-        return {k: v.reshape((runs, num_samples) + v.shape[1:]) for k, v in values.items()}
+        return FlatPotential(model).unpack_draws(self.moments.sample(num_samples, generator))
 
     def _diagnostics(self) -> list:
         out = super()._diagnostics()
@@ -139,6 +139,9 @@ def swag(
     map_options=None,
     seed: int = 0,
     progress: bool = True,
+    checkpoint=None,
+    checkpoint_every=None,
+    checkpoint_seconds: float = 60.0,
 ) -> SWAGPosterior:
     """SWAG on ``model`` given ``(x, y)``.
 
@@ -149,11 +152,15 @@ def swag(
         (:func:`~pyrobnn.infer.curvature.largest_curvature`, the largest over runs).
     :param rank: :math:`K`, deviation columns kept.
     :param num_runs: independent SWAG runs, each from its own MAP member (MultiSWAG).
+    :param checkpoint: a file to write the run's state to (the SGD phase's position, momentum,
+        data order and snapshots), every ``checkpoint_every`` epochs or ``checkpoint_seconds``
+        seconds and at the end; the same call with the same file resumes from it and gives the
+        uninterrupted run's posterior (:mod:`pyrobnn.infer.checkpoints`). A MAP trained here
+        checkpoints to ``<checkpoint>.map``.
     :param map_estimate: an :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior` of ``num_runs``
         members; default: trained here (``deep_ensemble(objective="map", **map_options)``).
     """
     check_samplable(model)
-    requested_lr = lr
     for name, value in (("num_epochs", num_epochs), ("batch_size", batch_size), ("rank", rank), ("num_samples", num_samples), ("num_runs", num_runs)):
         check_positive_int(name, value)
     if num_epochs < 2:
@@ -167,8 +174,15 @@ def swag(
         raise ValueError(f"swag does not recompute batch-norm statistics per draw; the network has {norms[0]}")
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device, model.dtype), y.to(model.device)
+    settings_given = dict(
+        num_epochs=num_epochs, lr=lr, momentum=momentum, batch_size=batch_size, rank=rank, num_samples=num_samples,
+        num_runs=num_runs, map_options=map_options, seed=seed,
+    )
     if map_estimate is None:
-        map_estimate = deep_ensemble(model, x, y, num_runs, objective="map", seed=seed, **{"progress": False, **(map_options or {})})
+        options = {"progress": False, **(map_options or {})}
+        if checkpoint is not None:  # the MAP's training resumes too
+            options.setdefault("checkpoint", os.fspath(checkpoint) + ".map")
+        map_estimate = deep_ensemble(model, x, y, num_members=num_runs, objective="map", seed=seed, **options)
     if not isinstance(map_estimate, EnsemblePosterior) or map_estimate.num_chains != num_runs:
         raise ValueError(f"map_estimate must be an EnsemblePosterior of num_runs={num_runs} members")
     was_training = model.training
@@ -180,29 +194,42 @@ def swag(
         n = x.shape[0]
         if lr == "auto":
             lr = AUTO_LR * n / float(largest_curvature(potential, z.detach()).max())
-        optimizer = torch.optim.SGD([z], lr=lr, momentum=momentum)
-        batch_size = min(batch_size, n)
-        order = torch.Generator().manual_seed(seed)
-        snapshots, epoch_losses = [], []
+        # fused: a failed step is skipped on the device (the policy of pyrobnn.infer.minibatch)
+        optimizer = torch.optim.SGD([z], lr=lr, momentum=momentum, fused=z.device.type in ("cpu", "cuda"))
+        loop = MinibatchLoop(n, batch_size, seed, x.device, advice=f"Lower lr (now {lr:.3g}).")
+        snapshots, epoch_losses, first_epoch = [], [], 0
+        run = None
+        if checkpoint is not None:
+            identity = dict(settings_given, data=digest(x, y), start=digest(z), structure=structure(model))
+            run = RunCheckpoint(os.fspath(checkpoint), "SWAG", identity, checkpoint_every, checkpoint_seconds)
+            saved = run.load()
+            if saved is not None:
+                z.data = saved["z"].to(z.device)
+                optimizer.load_state_dict(saved["optimizer"])
+                loop.load_state_dict(saved["loop"])
+                snapshots = list(saved["snapshots"].to(z.device).unbind(1))
+                epoch_losses = list(saved["epoch_losses"])
+                first_epoch = len(snapshots)
         start = time.perf_counter()
-        bar = tqdm(total=num_epochs, disable=not progress, desc="SWAG", unit="epoch", dynamic_ncols=True)
+        bar = tqdm(total=num_epochs, initial=first_epoch, disable=not progress, desc="SWAG", unit="epoch", dynamic_ncols=True)
         try:
-            for _ in range(num_epochs):
-                perm = torch.randperm(n, generator=order).to(x.device)
+            for epoch in range(first_epoch, num_epochs):
                 total = torch.zeros((), dtype=z.dtype, device=z.device)
-                for i in range(0, n, batch_size):
-                    idx = perm[i : i + batch_size]
-                    log_prior, log_lik = potential.log_joint_terms(z, x[idx], y[idx])
-                    loss = -(log_prior + (n / idx.shape[0]) * log_lik) / n
+                for idx in loop.epoch_batches():
+                    loss = -minibatch_log_joint(potential, z, x[idx], y[idx], n) / n
                     optimizer.zero_grad(set_to_none=True)
                     loss.sum().backward()
-                    optimizer.step()
+                    loop.optimizer_step(optimizer, loss, [z])
                     total += loss.detach().sum() * idx.shape[0] / n
+                loop.end_epoch([z])
                 epoch_losses.append(float(total) / num_runs)
-                if not torch.isfinite(z).all():
-                    raise FloatingPointError(f"SWAG's SGD diverged (non-finite parameters): lower lr (now {lr})")
                 snapshots.append(z.detach().clone())
                 bar.update(1)
+                if run is not None and (epoch + 1 == num_epochs or run.due(epoch + 1)):
+                    run.save({
+                        "z": z.detach().cpu(), "optimizer": optimizer.state_dict(), "loop": loop.state_dict(),
+                        "snapshots": torch.stack(snapshots, 1).cpu(), "epoch_losses": list(epoch_losses),
+                    })
         finally:
             bar.close()
         if epoch_losses[-1] > 2 * abs(epoch_losses[0]) + 0.1:
@@ -215,14 +242,10 @@ def swag(
         generator = torch.Generator(device=model.device).manual_seed(seed)
         draws = moments.sample(num_samples, generator)
         seconds = time.perf_counter() - start
-        values = potential.unpack(draws.reshape(num_runs * num_samples, -1))
+        samples = potential.unpack_draws(draws)
     finally:
         model.train(was_training)
-    samples = {k: v.reshape((num_runs, num_samples) + v.shape[1:]) for k, v in values.items()}
     label = "SWAG" if num_runs == 1 else f"MultiSWAG ({num_runs} runs)"
     stats = {"lr": float(lr), "epoch_loss": torch.tensor(epoch_losses)}
-    settings = dict(
-        num_epochs=num_epochs, lr=requested_lr, momentum=momentum, batch_size=batch_size, rank=rank, num_samples=num_samples,
-        num_runs=num_runs, map_estimate=map_estimate, map_options=map_options, seed=seed,
-    )
+    settings = dict(settings_given, map_estimate=map_estimate)
     return SWAGPosterior(samples, stats, seconds, label, settings=settings, model=model, moments=moments)

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-__all__ = ["sgld_step", "sghmc_step", "cyclical_step_size", "minibatch_log_joint_grad", "SCHEDULES"]
+__all__ = ["sgld_step", "sghmc_step", "cyclical_step_size", "SCHEDULES"]
 
 SCHEDULES = ("constant", "cyclical")
 
@@ -33,14 +33,3 @@ def cyclical_step_size(k: int, num_steps: int, num_cycles: int, initial: float) 
     """Zhang et al. (2020)'s cosine step size at step ``k`` (0-based) of ``num_steps``."""
     period = math.ceil(num_steps / num_cycles)
     return 0.5 * initial * (math.cos(math.pi * (k % period) / period) + 1.0)
-
-
-def minibatch_log_joint_grad(potential, z, x, y, dataset_size):
-    r""":math:`\hat g` for every chain: the prior's gradient plus ``dataset_size / B`` times the
-    minibatch likelihood's."""
-    with torch.enable_grad():
-        z = z.detach().requires_grad_(True)
-        log_prior, log_lik = potential.log_joint_terms(z, x, y)
-        total = log_prior + (dataset_size / x.shape[0]) * log_lik
-        (grad,) = torch.autograd.grad(total.sum(), z)
-    return grad

@@ -27,6 +27,7 @@ Gaussian of precision :math:`\lambda` the stationary variance is
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
@@ -35,8 +36,10 @@ from tqdm.auto import tqdm
 from pyrobnn.infer.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import member_initializations
 from pyrobnn.infer.mcmc.runner import initial_positions
-from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, minibatch_log_joint_grad, sghmc_step, sgld_step
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_step, sgld_step
+from pyrobnn.infer.checkpoints import RunCheckpoint, digest
+from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint_grad
+from pyrobnn.infer.posterior import Posterior, structure
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
 
@@ -49,9 +52,12 @@ AUTO_STEP = 0.1
 
 
 def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
-         batch_size, num_chains, init, seed, progress):
+         batch_size, num_chains, init, seed, progress, checkpoint=None, checkpoint_every=None, checkpoint_seconds=60.0):
     check_samplable(model)
-    requested_step = step_size
+    settings_given = dict(
+        step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
+        num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=num_chains, seed=seed,
+    )
     if step_size != "auto" and not (isinstance(step_size, (int, float)) and step_size > 0 and math.isfinite(step_size)):
         raise ValueError(f"step_size must be a positive number or 'auto', got {step_size!r}")
     if kind == "sghmc" and not 0.0 < friction <= 1.0:
@@ -85,19 +91,26 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
             step_size = AUTO_STEP / float(largest_curvature(potential, z, generator=generator).max())
         v = torch.zeros_like(z)
         n = x.shape[0]
-        batch_size = min(batch_size, n)
-        order = torch.Generator().manual_seed(seed)
-        perm, cursor = torch.randperm(n, generator=order).to(x.device), 0
+        loop = MinibatchLoop(n, batch_size, seed, x.device, advice=f"Lower step_size (now {step_size:.3g}).")
+        per_epoch = math.ceil(n / loop.batch_size)  # steps between the checks for a failed step
         period = math.ceil(num_steps / num_cycles)
-        draws, steps_kept = [], []
+        draws, steps_kept, first = [], [], 0
+        run = None
+        if checkpoint is not None:
+            identity = dict(settings_given, data=digest(x, y), start=digest(z), structure=structure(model))
+            run = RunCheckpoint(os.fspath(checkpoint), kind.upper(), identity, checkpoint_every, checkpoint_seconds)
+            saved = run.load()
+            if saved is not None:
+                z, v = saved["z"].to(z.device), saved["v"].to(z.device)
+                generator.set_state(saved["generator"])
+                loop.load_state_dict(saved["loop"])
+                draws = list(saved["draws"].to(z.device).unbind(1)) if saved["draws"] is not None else []
+                steps_kept, first = list(saved["steps_kept"]), int(saved["step"])
         start = time.perf_counter()
-        bar = tqdm(total=num_steps, disable=not progress, desc=kind.upper(), unit="step", dynamic_ncols=True)
+        bar = tqdm(total=num_steps, initial=first, disable=not progress, desc=kind.upper(), unit="step", dynamic_ncols=True)
         try:
-            for k in range(num_steps):
-                if cursor + batch_size > n:
-                    perm, cursor = torch.randperm(n, generator=order).to(x.device), 0
-                idx = perm[cursor : cursor + batch_size]
-                cursor += batch_size
+            for k in range(first, num_steps):
+                idx = loop.next_batch()
                 if schedule == "cyclical":
                     eps = cyclical_step_size(k, num_steps, num_cycles, step_size)
                     sampling = (k % period) >= exploration * period
@@ -105,13 +118,14 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
                     eps, sampling = step_size, True
                 grad = minibatch_log_joint_grad(potential, z, x[idx], y[idx], n)
                 if kind == "sgld":
-                    z = sgld_step(z, grad, eps, generator, noise=sampling)
+                    z_new, v_new = sgld_step(z, grad, eps, generator, noise=sampling), v
                 else:
-                    z, v = sghmc_step(z, v, grad, eps, friction, generator, noise=sampling)
-                if not torch.isfinite(z).all():
-                    raise FloatingPointError(
-                        f"{kind} diverged at step {k + 1} (non-finite parameters): lower step_size (now {step_size})"
-                    )
+                    z_new, v_new = sghmc_step(z, v, grad, eps, friction, generator, noise=sampling)
+                # from a failed step on, the chains stay where they were (no host sync here)
+                failed = loop.record(grad=grad, new=z_new)
+                z, v = torch.where(failed, z, z_new), torch.where(failed, v, v_new)
+                if (k + 1) % per_epoch == 0 or k + 1 == num_steps:
+                    loop.check([z])
                 keep = sampling and (k + 1) % thinning == 0
                 if schedule == "constant":
                     keep = keep and k >= num_burnin
@@ -119,30 +133,31 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
                     draws.append(z.detach().clone())
                     steps_kept.append(k + 1)
                 bar.update(1)
+                if run is not None and (k + 1 == num_steps or run.due(k + 1)):
+                    loop.check([z])  # a failed step is never saved
+                    run.save({
+                        "step": k + 1, "z": z.cpu(), "v": v.cpu(), "generator": generator.get_state(), "loop": loop.state_dict(),
+                        "draws": torch.stack(draws, 1).cpu() if draws else None, "steps_kept": list(steps_kept),
+                    })
         finally:
             bar.close()
         seconds = time.perf_counter() - start
         if not draws:
             raise ValueError(f"no draws kept: num_steps={num_steps} with thinning={thinning} keeps none after burn-in")
-        stacked = torch.stack(draws, 1)
-        chains, kept, dim = stacked.shape
-        values = potential.unpack(stacked.reshape(chains * kept, dim))
+        samples = potential.unpack_draws(torch.stack(draws, 1))
+        chains = z.shape[0]
     finally:
         model.train(was_training)
-    samples = {name: value.reshape((chains, kept) + value.shape[1:]) for name, value in values.items()}
     label = f"{kind.upper()}" + (" (cyclical)" if schedule == "cyclical" else "")
     stats = {"step": torch.tensor(steps_kept), "step_size": torch.full((chains,), float(step_size))}
-    settings = dict(
-        step_size=requested_step, friction=friction, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
-        num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=chains, init=init, seed=seed,
-    )
+    settings = dict(settings_given, num_chains=chains, init=init)
     return Posterior(samples, stats, seconds, label, "sgmcmc", settings, model)
 
 
 def sgld(
     model, x, y, *, step_size: float = 1e-4, num_steps: int = 10_000, num_burnin=None, thinning: int = 50,
     schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128, num_chains: int = 1,
-    init=None, seed: int = 0, progress: bool = True,
+    init=None, seed: int = 0, progress: bool = True, checkpoint=None, checkpoint_every=None, checkpoint_seconds: float = 60.0,
 ) -> Posterior:
     """SGLD draws from ``model``'s posterior given ``(x, y)``, as an
     :class:`~pyrobnn.infer.posterior.Posterior` (``predict``, ``Predictive`` and ArviZ take it).
@@ -155,20 +170,32 @@ def sgld(
     :param schedule: ``"constant"`` or ``"cyclical"`` (cSGLD; ``num_cycles``, ``exploration``).
     :param num_chains: chains run as one batch, each started at the network's own initialization
         under seed ``seed + k`` (as deep-ensemble members are), or from ``init``.
+    :param checkpoint: a file to write the chains' state to (positions, momenta, random
+        generators, data order, draws so far), every ``checkpoint_every`` steps or
+        ``checkpoint_seconds`` seconds and at the end; the same call with the same file resumes
+        from it and gives the uninterrupted run's draws (:mod:`pyrobnn.infer.checkpoints`).
+
+    A step whose gradient or new position is not finite is handled by the one policy of
+    :mod:`pyrobnn.infer.minibatch`: from it on the chains stay where they were, and at the end
+    of the epoch (``ceil(N / batch_size)`` steps) a
+    :class:`~pyrobnn.infer.failures.NonFiniteLossError` names the step.
     """
     return _run(model, x, y, "sgld", step_size=step_size, friction=None, num_steps=num_steps, num_burnin=num_burnin,
                 thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
-                num_chains=num_chains, init=init, seed=seed, progress=progress)
+                num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint,
+                checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds)
 
 
 def sghmc(
     model, x, y, *, step_size: float = 1e-5, friction: float = 0.1, num_steps: int = 10_000, num_burnin=None,
     thinning: int = 50, schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128,
-    num_chains: int = 1, init=None, seed: int = 0, progress: bool = True,
+    num_chains: int = 1, init=None, seed: int = 0, progress: bool = True, checkpoint=None, checkpoint_every=None,
+    checkpoint_seconds: float = 60.0,
 ) -> Posterior:
     """SGHMC draws (learning rate ``step_size`` :math:`= \\eta`, or ``"auto"`` as in :func:`sgld`;
     ``friction`` :math:`= \\alpha`); otherwise as :func:`sgld`. With ``schedule="cyclical"`` this
     is cSGHMC."""
     return _run(model, x, y, "sghmc", step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin,
                 thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
-                num_chains=num_chains, init=init, seed=seed, progress=progress)
+                num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint,
+                checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds)

@@ -4,7 +4,7 @@ form for our guides (:mod:`.trace_free`), the objective that picks between them
 and its handling of failed steps (:mod:`.failures`)."""
 
 from pyrobnn.infer.svi.elbo import ELBOTerms, SplitELBO, make_elbo
-from pyrobnn.infer.svi.failures import InvalidBatchError, NonFiniteLossError
+from pyrobnn.infer.failures import InvalidBatchError, NonFiniteLossError
 from pyrobnn.infer.svi.schedules import KLAnnealing
 from pyrobnn.infer.svi.trace_free import TraceFreeELBO
 from pyrobnn.infer.svi.trainer import History, SVITrainer, fit

@@ -14,7 +14,7 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
-from pyrobnn.infer.svi.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.infer.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.io import atomic_save, safe_load
@@ -106,7 +106,7 @@ class SVITrainer:
     anything back to the host. A batch with NaN/inf values or refused targets, or a non-finite
     loss or gradient, is flagged on the device; that update and every later one are not
     applied, and :meth:`step` (at once) or :meth:`fit` (at the end of the epoch) raises
-    :class:`~pyrobnn.infer.svi.failures.InvalidBatchError` or :class:`~pyrobnn.infer.svi.failures.NonFiniteLossError` naming the step.
+    :class:`~pyrobnn.infer.failures.InvalidBatchError` or :class:`~pyrobnn.infer.failures.NonFiniteLossError` naming the step.
 
     :param elbo: ``"trace"`` (Monte Carlo KL, as Pyro's ``Trace_ELBO``), ``"meanfield"``
         (registered KLs, as ``TraceMeanField_ELBO``), ``None`` for the guide's default
@@ -291,8 +291,8 @@ class SVITrainer:
     def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
         """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)`` as floats.
         The batch gets the checks ``fit`` gives its data (types, shapes, finite values, label
-        ranges); bad values in it raise :class:`~pyrobnn.infer.svi.failures.InvalidBatchError`, a non-finite loss or
-        gradient :class:`~pyrobnn.infer.svi.failures.NonFiniteLossError`, with the parameters unchanged by the step.
+        ranges); bad values in it raise :class:`~pyrobnn.infer.failures.InvalidBatchError`, a non-finite loss or
+        gradient :class:`~pyrobnn.infer.failures.NonFiniteLossError`, with the parameters unchanged by the step.
         (``fit`` runs the same step without the per-step host synchronization that returning
         floats costs, and checks once per epoch.)"""
         loss, nll, kl, beta = self._step_tensors(x, y, dataset_size, epoch_fraction)

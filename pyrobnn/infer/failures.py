@@ -1,5 +1,7 @@
-"""What the training loops do with a failed step: the errors they raise and the record of the
-first failed step, kept on the device so that a step needs no host synchronization."""
+"""What every training loop (SVI's, and the minibatch loop over the flat vector of
+:mod:`pyrobnn.infer.minibatch`) does with a failed step: the record of the first failed step,
+kept on the device so that a step needs no host synchronization; that update and every later
+one skipped; and at the next check (the end of the epoch) the error naming the step."""
 
 from __future__ import annotations
 
@@ -80,7 +82,10 @@ class StepFailures:
         """Whether a step failed since the last check (a host synchronization)."""
         return self._f is not None and bool(self._f["failed"])
 
-    def raise_if_any(self, params, refused_targets: str = "targets the likelihood refuses") -> None:
+    def raise_if_any(
+        self, params, refused_targets: str = "targets the likelihood refuses",
+        advice: str = "Lower the learning rate, check the data, or clip gradients (clip_grad_norm=...).",
+    ) -> None:
         """Raise :class:`InvalidBatchError` or :class:`NonFiniteLossError` for the first failed
         step since the last check, naming what was found (``refused_targets`` describes the
         targets the likelihood refuses) and saying whether ``params`` are finite; then forget it."""
@@ -96,7 +101,7 @@ class StepFailures:
         elif cause == "loss":
             what = f"the loss is {float(f['value'])} at step {step} (epoch {epoch})"
         else:
-            what = f"the gradient is not finite at step {step} (epoch {epoch}) although the loss is"
+            what = f"the gradient or the update is not finite at step {step} (epoch {epoch})"
         if all(bool(torch.isfinite(p).all()) for p in params):
             where = f"the parameters are those from before step {step} (no later update was applied)"
         else:
@@ -107,7 +112,7 @@ class StepFailures:
         if cause == "data":
             raise InvalidBatchError(f"{what}; {where}.", step, epoch)
         raise NonFiniteLossError(
-            f"{what}; {where}. Lower the learning rate, check the data, or clip gradients (clip_grad_norm=...).",
+            f"{what}; {where}. {advice}",
             step,
             epoch,
         )
