@@ -35,7 +35,7 @@ from torch import nn
 
 import pyrobnn
 from pyrobnn.data import mnist
-from pyrobnn.estimators import Estimator, LocalReparameterization, PerExampleWeights, _layer_conv, _mean
+from pyrobnn.estimators import Estimator, LocalReparameterization, PerExampleWeights, layer_forward
 from pyrobnn.infer import SplitELBO
 
 PUBLISHED = {  # Table 1 of Kingma et al. 2015: top 10 ep, top 100 ep, bottom 10 ep, bottom 100 ep
@@ -52,7 +52,7 @@ class NoNoise(Estimator):
     name = "no noise"
 
     def layer_output(self, module, x, w, b):
-        return _layer_conv(module, x, _mean(w), _mean(b))
+        return layer_forward(module, x, None if w is None else w.mean, None if b is None else b.mean)
 
 
 def estimators():

@@ -53,6 +53,7 @@ from pyrobnn.kl import base_distribution
 
 __all__ = [
     "Estimator",
+    "layer_forward",
     "LocalReparameterization",
     "Flipout",
     "PerExampleWeights",
@@ -111,7 +112,8 @@ def squeeze_sample_dims(t, shape):
     return t[(0,) * extra] if extra > 0 else t
 
 
-def _layer_conv(module, x, weight, bias):
+def layer_forward(module, x, weight, bias):
+    """``module``'s own operation (a linear map or a convolution) with the given weight and bias."""
     if isinstance(module, nn.Linear):
         return F.linear(x, weight, bias)
     return module._conv_forward(x, weight, bias)
@@ -247,7 +249,7 @@ class LocalReparameterization(Estimator):
     name = "local reparameterization"
 
     def layer_output(self, module, x, w, b):
-        mean = _layer_conv(module, x, _mean(w), _mean(b))
+        mean = layer_forward(module, x, _mean(w), _mean(b))
         w_var, b_var = _var(w), _var(b)
         if w_var is None and b_var is None:
             return mean
@@ -258,7 +260,7 @@ class LocalReparameterization(Estimator):
         if w_var is None:
             var = b_var.reshape((-1,) + (1,) * (mean.dim() - 2)).expand_as(mean)
         else:
-            var = _layer_conv(module, x * x, w_var, b_var)
+            var = layer_forward(module, x * x, w_var, b_var)
         return gaussian_sample(mean, var)
 
 
@@ -289,13 +291,13 @@ class Flipout(Estimator):
     name = "flipout"
 
     def layer_output(self, module, x, w, b):
-        out = _layer_conv(module, x, _mean(w), _mean(b))
+        out = layer_forward(module, x, _mean(w), _mean(b))
         perturbation = None
         if _var(w) is not None:
             # scales, not square roots of variances: a zero scale keeps a finite gradient
             delta = w.std * torch.randn_like(w.std)
             s = _rademacher(_channel_shape(module, x), x)
-            perturbation = _layer_conv(module, x * s, delta, None)
+            perturbation = layer_forward(module, x * s, delta, None)
         if _var(b) is not None:
             delta_b = b.std * torch.randn_like(b.std)
             if not isinstance(module, nn.Linear):

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from pyrobnn.runtime import raised_recompile_limits
 
 __all__ = [
-    "NUTSState", "nuts_step", "transition_uniforms", "find_step_size", "DualAveraging", "WelfordVariance", "warmup_windows",
+    "NUTSState", "nuts_init", "nuts_step", "transition_uniforms", "find_step_size", "DualAveraging", "WelfordVariance", "warmup_windows",
     "WindowAdaptation", "sample_nuts",
 ]
 
@@ -39,6 +39,14 @@ class NUTSState:
     z: torch.Tensor  # (C, D)
     energy: torch.Tensor  # potential U, (C,)
     grad: torch.Tensor  # (C, D)
+
+
+def nuts_init(potential, z) -> NUTSState:
+    """The state at positions ``z`` (``(C, D)``): the potential and its gradient there (the
+    kernel's ``init``; :func:`nuts_step` is its ``step`` and :class:`WindowAdaptation` its
+    warm-up, as in BlackJAX)."""
+    energy, grad = potential(z)
+    return NUTSState(z, energy, grad)
 
 
 def _kinetic(r, inv_mass):
@@ -420,8 +428,7 @@ def sample_nuts(
         double = torch.compile(functools.partial(_double, potential, torch.while_loop), dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
     else:
         double = functools.partial(_double, potential, _eager_while_loop)
-    energy, grad = potential(z_init)
-    state = NUTSState(z_init, energy, grad)
+    state = nuts_init(potential, z_init)
     warmup = WindowAdaptation(potential, state, num_warmup, target_accept, generator)
     draws, stats_all = [], {"accept_prob": [], "tree_depth": [], "num_steps": [], "diverging": []}
     first = 0
