@@ -1,8 +1,16 @@
 import os
 
-import pyro
-import pytest
-import torch
+# One intra-op thread for the tests, here and in the processes they start: on the two-core
+# machine with its other core busy, two threads made the suite two to three times slower
+# (threads waiting for a descheduled sibling), and idle they were no faster on these small
+# networks. The native kernels' thread groups are tested on two threads explicitly.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pyro  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

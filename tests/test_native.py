@@ -246,3 +246,24 @@ def test_mclmc_on_a_large_network_with_many_chains_takes_the_batched_compiled_pa
     assert choose_path(potential, z12, "auto", "MCLMC", 20).kind == "native"  # too short to pay for compiling; the library is built
     assert choose_path(potential, z12, "auto", "NUTS", 2 * 60_000).kind == "native"
     assert choose_path(potential, z12[:4], "auto", "MCLMC", 2 * 60_000).kind == "native"
+
+
+def test_chain_groups_on_two_threads_give_the_one_thread_results():
+    """The tests run on one torch thread (conftest); the native kernels' chain groups on
+    several threads must give exactly what one thread gives (each chain is independent)."""
+    torch.manual_seed(0)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(3, 1, hidden=(50, 50)), pyrobnn.GaussianLikelihood(scale=0.3), pyrobnn.NormalPrior(1.0)).double()
+    x, y = torch.randn(200, 3, dtype=F64), torch.randn(200, 1, dtype=F64)
+    potential = FlatPotential(model, x, y)
+    one, two = native.NativeMLP(potential, threads=1), native.NativeMLP(potential, threads=2)
+    z = torch.randn(8, potential.dim, dtype=F64) * 0.3
+    assert two._work * 8 >= 2e5  # enough work for the groups to run on two threads
+    for a, b in zip(one.value_and_grad(z), two.value_and_grad(z)):
+        assert torch.equal(a, b)
+    state = NUTSState(z, *one.value_and_grad(z))
+    step, inv_mass = torch.full((8,), 0.01, dtype=F64), torch.ones(8, potential.dim, dtype=F64)
+    a, sa = nuts_step(one.value_and_grad, state, step, inv_mass, 6, torch.Generator().manual_seed(0), native=one)
+    b, sb = nuts_step(two.value_and_grad, state, step, inv_mass, 6, torch.Generator().manual_seed(0), native=two)
+    assert torch.equal(a.z, b.z) and torch.equal(sa["tree_depth"], sb["tree_depth"])
+    one.close()
+    two.close()
