@@ -31,7 +31,7 @@ from pyro.infer import Trace_ELBO
 from torch import nn
 from tqdm.auto import tqdm
 
-from pyrobnn.infer.svi.trainer import History
+from pyrobnn.infer.svi.history import History
 from pyrobnn.io import atomic_save, safe_load
 
 __all__ = ["VAE", "fit_vae", "importance_log_likelihood", "elbo_per_example"]

@@ -147,7 +147,7 @@ def test_an_mclmc_step_is_the_torch_one():
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PYROBNN_CACHE", str(tmp_path))
-    monkeypatch.setattr(native, "_LOADED", {})
+    monkeypatch.setattr(native.build, "_LOADED", {})
     return os.path.join(str(tmp_path), "kernels")
 
 
@@ -159,11 +159,11 @@ def _record(folder):
 def test_the_cache_is_built_once_and_refuses_what_it_cannot_trust(fresh_cache, monkeypatch):
     _, record = native.library()
     assert record["event"] == "built"
-    monkeypatch.setattr(native, "_LOADED", {})
+    monkeypatch.setattr(native.build, "_LOADED", {})
     assert native.library()[1]["event"] == "loaded"  # a second process loads, it does not build
 
     def reload():
-        monkeypatch.setattr(native, "_LOADED", {})
+        monkeypatch.setattr(native.build, "_LOADED", {})
         return native.library()[1]
 
     library = os.path.join(fresh_cache, record["file"])

@@ -32,7 +32,7 @@ class PyrobnnDeprecationWarning(DeprecationWarning):
 
 #: old module -> (its new homes, searched in order; names renamed on the way)
 MOVED = {
-    "pyrobnn.infer.fit": (("pyrobnn.infer.svi.trainer", "pyrobnn.infer.failures", "pyrobnn.infer.svi.schedules", "pyrobnn.validation"), {}),
+    "pyrobnn.infer.fit": (("pyrobnn.infer.svi.trainer", "pyrobnn.infer.svi.history", "pyrobnn.infer.failures", "pyrobnn.infer.svi.schedules", "pyrobnn.validation"), {}),
     "pyrobnn.infer.elbo": (("pyrobnn.infer.svi.elbo",), {}),
     "pyrobnn.infer.flat": (("pyrobnn.infer.svi.trace_free",), {"FlatELBO": "TraceFreeELBO"}),
     "pyrobnn.infer.objective": (("pyrobnn.infer.svi.objective",), {}),

@@ -16,7 +16,7 @@ import torch
 from pyro.infer import Predictive
 
 from pyrobnn.infer.posterior import Posterior, describe_settings
-from pyrobnn.infer.svi.trainer import History
+from pyrobnn.infer.svi.history import History
 from pyrobnn.validation import check_positive_int
 
 __all__ = ["VariationalPosterior"]

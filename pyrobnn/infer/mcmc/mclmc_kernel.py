@@ -67,7 +67,7 @@ from tqdm.auto import tqdm
 from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
 from pyrobnn.runtime import raised_recompile_limits
 
-__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "Stepper", "StepSizeAdapter", "sample_mclmc", "MCLACHLAN_B1"]
+__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc", "MCLACHLAN_B1"]
 
 #: McLachlan's minimal-norm coefficient (McLachlan 1995; Omelyan et al. 2003)
 MCLACHLAN_B1 = 0.1931833275037836
@@ -210,6 +210,103 @@ class StepSizeAdapter:
         self.time, self.x_average, self.step_max = (state[k].to(device) for k in ("time", "x_average", "step_max"))
 
 
+class MCLMCAdaptation:
+    """The three tuning phases of the module docstring as the kernel's warm-up (BlackJAX's
+    ``mclmc_find_L_and_step_size``), one step at a time: :meth:`update` takes the result of
+    warm-up step ``t``, and ``tuning`` is what the next step uses. Its state (the step-size
+    adapter, phase 2's moments, the tuning) is a plain dict, so a run can stop and go on; phase
+    3 keeps its positions for their autocorrelation, so a run resumes only at its ends
+    (:meth:`resumable_after`).
+
+    :param step_size, L: initial values, per chain or scalars (default BlackJAX's,
+        ``sqrt(d) / 4`` and ``sqrt(d)``; :func:`pyrobnn.infer.mcmc.samplers.mclmc` passes MILE's).
+    :param energy_variance: target variance of the energy error per dimension, a number or a
+        ``(start, end)`` pair scheduled linearly over phase 1 (MILE: ``(0.5, 0.1)``).
+    """
+
+    def __init__(self, z, num_warmup, *, step_size=None, L=None, energy_variance=(0.5, 0.1), diagonal_preconditioning=False, l_factor=0.4):
+        self.n1, self.n2, self.n3 = (int(v) for v in num_warmup)
+        if min(self.n1, self.n2, self.n3) < 0:
+            raise ValueError(f"num_warmup must be three non-negative step counts, got {num_warmup}")
+        chains, self.dim = z.shape
+        self.chains, self.dtype, self.device = chains, z.dtype, z.device
+        if isinstance(energy_variance, (int, float)):
+            energy_variance = (energy_variance, energy_variance)
+        self.start_var, self.end_var = energy_variance
+        self.diagonal_preconditioning, self.l_factor = diagonal_preconditioning, l_factor
+        # the steps of each stretch: phases 1 and 2, the step-size re-tuning after a new
+        # preconditioner, phase 3
+        self.adapt_end = self.n1 + self.n2
+        self.precond_end = self.adapt_end + (round(self.n2 / 3) if diagonal_preconditioning and self.n2 > 1 else 0)
+        self.num_steps = self.precond_end + (self.n3 if self.n3 >= 2 else 0)
+
+        def per_chain(v, default):
+            v = default if v is None else v
+            return torch.as_tensor(v, dtype=self.dtype, device=self.device).expand(chains).clone()
+
+        self.tuning = MCLMCTuning(
+            per_chain(step_size, math.sqrt(self.dim) * 0.25), per_chain(L, math.sqrt(self.dim)), torch.ones_like(z)
+        )
+        self.adapter = StepSizeAdapter(chains, self.dtype, self.device)
+        self.weight_sum, self.m1, self.m2 = torch.zeros(chains, dtype=self.dtype, device=self.device), torch.zeros_like(z), torch.zeros_like(z)
+        self._positions = []
+
+    def _scheduled_variance(self, t):
+        if self.n1 <= 1:
+            return self.end_var
+        return self.start_var + (self.end_var - self.start_var) * min(t / (self.n1 - 1), 1.0)
+
+    def update(self, t: int, state: MCLMCState, d_energy, finite) -> None:
+        """After warm-up step ``t`` (0-based, below :attr:`num_steps`) to ``state``."""
+        tuning = self.tuning
+        if t < self.adapt_end:  # phases 1 and 2: tune the step size, and in phase 2 gather moments
+            tuning.step_size = self.adapter.update(tuning.step_size, d_energy, finite, self.dim, self._scheduled_variance(t))
+            if self.n2 > 1 and t >= self.n1:
+                w = (tuning.step_size * finite).unsqueeze(-1)
+                self.weight_sum.add_(w.squeeze(-1))
+                self.m1.add_(w * state.z)
+                self.m2.add_(w * state.z.square())
+            if t + 1 == self.adapt_end and self.n2 > 1:
+                w = self.weight_sum.clamp_min(1e-30).unsqueeze(-1)
+                mean = self.m1 / w
+                variance = (self.m2 / w - mean.square()).clamp_min(1e-12)
+                if self.diagonal_preconditioning:
+                    tuning.inv_mass = variance
+                    tuning.L = torch.full((self.chains,), math.sqrt(self.dim), dtype=self.dtype, device=self.device)
+                    self.adapter = StepSizeAdapter(self.chains, self.dtype, self.device)
+                else:
+                    tuning.L = variance.sum(-1).sqrt()
+        elif t < self.precond_end:  # the step size again, for the new preconditioner
+            tuning.step_size = self.adapter.update(tuning.step_size, d_energy, finite, self.dim, self.end_var)
+        else:  # phase 3: L from the effective sample size
+            self._positions.append(state.z)
+            if t + 1 == self.num_steps:
+                ess = effective_sample_size(torch.stack(self._positions, 1))  # (C, D)
+                self._positions = []
+                tau = (self.num_steps - self.precond_end) / ess
+                finite_tau = torch.isfinite(tau)
+                mean_tau = torch.where(finite_tau, tau, 0.0).sum(-1) / finite_tau.sum(-1).clamp_min(1)
+                tuning.L = torch.where(finite_tau.any(-1), self.l_factor * tuning.step_size * mean_tau, tuning.L)
+
+    def resumable_after(self, steps: int) -> bool:
+        """Whether the run can be saved after ``steps`` steps (not inside phase 3)."""
+        return not self.precond_end <= steps < self.num_steps
+
+    def state_dict(self) -> dict:
+        t = self.tuning
+        return {
+            "tuning": {"step_size": t.step_size.cpu(), "L": t.L.cpu(), "inv_mass": t.inv_mass.cpu()},
+            "adapter": self.adapter.state_dict(),
+            "moments": {"weight_sum": self.weight_sum.cpu(), "m1": self.m1.cpu(), "m2": self.m2.cpu()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        d = self.device
+        self.tuning = MCLMCTuning(*(state["tuning"][k].to(d) for k in ("step_size", "L", "inv_mass")))
+        self.adapter.load_state_dict(state["adapter"])
+        self.weight_sum, self.m1, self.m2 = (state["moments"][k].to(d) for k in ("weight_sum", "m1", "m2"))
+
+
 def sample_mclmc(
     potential,
     z_init,
@@ -228,19 +325,15 @@ def sample_mclmc(
     native=None,
     checkpoint=None,
 ):
-    """Tune (``num_warmup`` = the steps of the three phases of the module docstring) and then
+    """Tune (:class:`MCLMCAdaptation`, ``num_warmup`` = the steps of its three phases) and then
     run ``num_samples`` steps of MCLMC from ``z_init`` (``(C, D)``), keeping every
     ``thinning``-th position.
 
-    :param step_size, L: initial values, per chain or scalars (default BlackJAX's,
-        ``sqrt(d) / 4`` and ``sqrt(d)``; :func:`pyrobnn.infer.mcmc.samplers.mclmc` passes MILE's).
-    :param energy_variance: target variance of the energy error per dimension, a number or a
-        ``(start, end)`` pair scheduled linearly over phase 1 (MILE: ``(0.5, 0.1)``).
     :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``: each step runs
         in its native code, on the same noise (``compile`` is then not used).
     :param checkpoint: a :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`: the run starts
         from its saved state if there is one and writes its state when due (never inside phase
-        3, whose positions are kept for their autocorrelation) and at the end.
+        3) and at the end.
 
     :returns: the draws ``(C, num_samples // thinning, D)`` and statistics: ``energy`` (the
         potential at each draw, ``(C, S)``), ``energy_change`` (the energy error of each kept
@@ -253,43 +346,23 @@ def sample_mclmc(
         raise ValueError(f"thinning must be a positive integer, got {thinning!r}")
     if num_samples < thinning:
         raise ValueError(f"num_samples ({num_samples}) must be at least thinning ({thinning}): no draw would be kept")
-    n1, n2, n3 = (int(v) for v in num_warmup)
-    if min(n1, n2, n3) < 0:
-        raise ValueError(f"num_warmup must be three non-negative step counts, got {num_warmup}")
     chains, dim = z_init.shape
-    dtype, device = z_init.dtype, z_init.device
-    start_var, end_var = (energy_variance, energy_variance) if isinstance(energy_variance, (int, float)) else energy_variance
-    # the steps of each stretch: phases 1 and 2, the step-size re-tuning after a new
-    # preconditioner, phase 3, sampling
-    adapt_end = n1 + n2
-    precond_end = adapt_end + (round(n2 / 3) if diagonal_preconditioning and n2 > 1 else 0)
-    phase3_end = precond_end + (n3 if n3 >= 2 else 0)
-    total = phase3_end + num_samples
-
-    def per_chain(v, default):
-        v = default if v is None else v
-        return torch.as_tensor(v, dtype=dtype, device=device).expand(chains).clone()
-
-    def scheduled_variance(i):
-        if n1 <= 1:
-            return end_var
-        return start_var + (end_var - start_var) * min(i / (n1 - 1), 1.0)
-
+    device = z_init.device
+    warmup = MCLMCAdaptation(
+        z_init, num_warmup, step_size=step_size, L=L, energy_variance=energy_variance,
+        diagonal_preconditioning=diagonal_preconditioning, l_factor=l_factor,
+    )
+    total = warmup.num_steps + num_samples
     stepper = Stepper(potential, generator, compile, native)
     state = mclmc_init(potential, z_init, generator)
-    tuning = MCLMCTuning(per_chain(step_size, math.sqrt(dim) * 0.25), per_chain(L, math.sqrt(dim)), torch.ones(chains, dim, dtype=dtype, device=device))
-    adapter = StepSizeAdapter(chains, dtype, device)
-    weight_sum, m1, m2 = torch.zeros(chains, dtype=dtype, device=device), torch.zeros_like(z_init), torch.zeros_like(z_init)
     nonfinite_warmup = torch.zeros(chains, dtype=torch.long, device=device)
     nonfinite = torch.zeros(chains, dtype=torch.long, device=device)
-    positions, draws, energies, changes = [], [], [], []
+    draws, energies, changes = [], [], []
     first = 0
     saved = checkpoint.load() if checkpoint is not None else None
     if saved is not None:
         state = MCLMCState(*(saved["state"][k].to(device) for k in ("z", "u", "energy", "grad")))
-        tuning = MCLMCTuning(*(saved["tuning"][k].to(device) for k in ("step_size", "L", "inv_mass")))
-        adapter.load_state_dict(saved["adapter"])
-        weight_sum, m1, m2 = (saved["moments"][k].to(device) for k in ("weight_sum", "m1", "m2"))
+        warmup.load_state_dict(saved["warmup"])
         nonfinite_warmup, nonfinite = saved["nonfinite_warmup"].to(device), saved["nonfinite"].to(device)
         if saved["draws"] is not None:
             draws, energies, changes = (list(saved[k].to(device).unbind(1)) for k in ("draws", "energies", "changes"))
@@ -299,10 +372,8 @@ def sample_mclmc(
     def snapshot(done):
         stack = (lambda xs: torch.stack(xs, 1).cpu()) if draws else (lambda xs: None)
         return {
-            "step": done, "generator": generator.get_state(),
+            "step": done, "generator": generator.get_state(), "warmup": warmup.state_dict(),
             "state": {"z": state.z.cpu(), "u": state.u.cpu(), "energy": state.energy.cpu(), "grad": state.grad.cpu()},
-            "tuning": {"step_size": tuning.step_size.cpu(), "L": tuning.L.cpu(), "inv_mass": tuning.inv_mass.cpu()},
-            "adapter": adapter.state_dict(), "moments": {"weight_sum": weight_sum.cpu(), "m1": m1.cpu(), "m2": m2.cpu()},
             "nonfinite_warmup": nonfinite_warmup.cpu(), "nonfinite": nonfinite.cpu(),
             "draws": stack(draws), "energies": stack(energies), "changes": stack(changes),
         }
@@ -312,50 +383,23 @@ def sample_mclmc(
     with raised_recompile_limits(enabled=compile and native is None):
         try:
             for t in range(first, total):
-                state, d_energy, finite = stepper(state, tuning)
-                if t < phase3_end:
+                state, d_energy, finite = stepper(state, warmup.tuning)
+                if t < warmup.num_steps:
                     nonfinite_warmup.add_((~finite).long())
+                    warmup.update(t, state, d_energy, finite)
                 else:
                     nonfinite.add_((~finite).long())
-                if t < adapt_end:  # phases 1 and 2: tune the step size, and in phase 2 gather moments
-                    tuning.step_size = adapter.update(tuning.step_size, d_energy, finite, dim, scheduled_variance(t))
-                    if n2 > 1 and t >= n1:
-                        w = (tuning.step_size * finite).unsqueeze(-1)
-                        weight_sum.add_(w.squeeze(-1))
-                        m1.add_(w * state.z)
-                        m2.add_(w * state.z.square())
-                    if t + 1 == adapt_end and n2 > 1:
-                        w = weight_sum.clamp_min(1e-30).unsqueeze(-1)
-                        mean = m1 / w
-                        variance = (m2 / w - mean.square()).clamp_min(1e-12)
-                        if diagonal_preconditioning:
-                            tuning.inv_mass = variance
-                            tuning.L = torch.full((chains,), math.sqrt(dim), dtype=dtype, device=device)
-                            adapter = StepSizeAdapter(chains, dtype, device)
-                        else:
-                            tuning.L = variance.sum(-1).sqrt()
-                elif t < precond_end:  # the step size again, for the new preconditioner
-                    tuning.step_size = adapter.update(tuning.step_size, d_energy, finite, dim, end_var)
-                elif t < phase3_end:  # phase 3: L from the effective sample size
-                    positions.append(state.z)
-                    if t + 1 == phase3_end:
-                        ess = effective_sample_size(torch.stack(positions, 1))  # (C, D)
-                        positions = []
-                        tau = (phase3_end - precond_end) / ess
-                        finite_tau = torch.isfinite(tau)
-                        mean_tau = torch.where(finite_tau, tau, 0.0).sum(-1) / finite_tau.sum(-1).clamp_min(1)
-                        tuning.L = torch.where(finite_tau.any(-1), l_factor * tuning.step_size * mean_tau, tuning.L)
-                elif (t - phase3_end + 1) % thinning == 0:
-                    draws.append(state.z)
-                    energies.append(state.energy)
-                    changes.append(d_energy)
+                    if (t - warmup.num_steps + 1) % thinning == 0:
+                        draws.append(state.z)
+                        energies.append(state.energy)
+                        changes.append(d_energy)
                 if progress:
                     bar.update(1)
-                inside_phase3 = precond_end <= t + 1 < phase3_end
-                if checkpoint is not None and not inside_phase3 and (t + 1 == total or checkpoint.due(t + 1)):
+                if checkpoint is not None and warmup.resumable_after(t + 1) and (t + 1 == total or checkpoint.due(t + 1)):
                     checkpoint.save(snapshot(t + 1))
         finally:
             bar.close()
+    tuning = warmup.tuning
     stats = {
         "energy": torch.stack(energies, 1) if energies else z_init.new_zeros(chains, 0),
         "energy_change": torch.stack(changes, 1) if changes else z_init.new_zeros(chains, 0),

@@ -7,7 +7,8 @@ from pyrobnn.infer.svi.elbo import ELBOTerms, SplitELBO, make_elbo
 from pyrobnn.infer.failures import InvalidBatchError, NonFiniteLossError
 from pyrobnn.infer.svi.schedules import KLAnnealing
 from pyrobnn.infer.svi.trace_free import TraceFreeELBO
-from pyrobnn.infer.svi.trainer import History, SVITrainer, fit
+from pyrobnn.infer.svi.history import History
+from pyrobnn.infer.svi.trainer import SVITrainer, fit
 
 __all__ = [
     "fit", "SVITrainer", "History", "KLAnnealing", "SplitELBO", "ELBOTerms", "make_elbo", "TraceFreeELBO",

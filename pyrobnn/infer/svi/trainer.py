@@ -7,7 +7,6 @@ import numbers
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 import pyro
@@ -15,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pyrobnn.infer.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.io import atomic_save, safe_load
@@ -28,33 +28,6 @@ from pyrobnn.validation import (
 )
 
 __all__ = ["fit", "SVITrainer", "History", "default_optimizer"]
-
-
-@dataclass
-class History:
-    """Per-epoch record of training. ``nll`` is the negative expected log-likelihood and
-    ``kl`` the (unweighted) KL, both for the whole data set, averaged over the epoch's steps;
-    ``loss = nll + kl_weight * kl``. ``extra`` holds what an epoch callback returned."""
-
-    epoch: list = field(default_factory=list)
-    loss: list = field(default_factory=list)
-    nll: list = field(default_factory=list)
-    kl: list = field(default_factory=list)
-    kl_weight: list = field(default_factory=list)
-    seconds: list = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
-    kl_methods: dict = field(default_factory=dict)
-    steps: int = 0
-
-    def __len__(self):
-        return len(self.epoch)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "History":
-        return cls(**d)
 
 
 def _check_same_tensors(what, current: dict, saved: dict) -> None:
