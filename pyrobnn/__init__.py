@@ -18,10 +18,11 @@ from pyrobnn.guides import (
     VariationalDropout,
 )
 from pyrobnn.infer import KLAnnealing, SplitELBO, SVITrainer, fit
+from pyrobnn.infer.svi import ivon
 from pyrobnn.infer.mcmc import ensemble_sampling, mclmc, nuts, pyro_nuts
 from pyrobnn.infer.modes import deep_ensemble, laplace, swag
 from pyrobnn.infer.posterior import Posterior, load_posterior
-from pyrobnn.infer.sgmcmc import sghmc, sgld
+from pyrobnn.infer.sgmcmc import sghmc, sgld, smile
 from pyrobnn.infer.variational import VariationalPosterior
 from pyrobnn.calibration import TemperatureScaling
 from pyrobnn.io import load, save
@@ -70,6 +71,8 @@ __all__ = [
     "swag",
     "sgld",
     "sghmc",
+    "smile",
+    "ivon",
     "TemperatureScaling",
     "local_reparameterization",
     "flipout",

@@ -40,6 +40,8 @@ RUNS = {
     ),
     "sgld": lambda m, x, y, **kw: pyrobnn.sgld(m, x, y, num_steps=40, thinning=3, batch_size=8, num_chains=2, step_size=1e-3, **kw),
     "sghmc": lambda m, x, y, **kw: pyrobnn.sghmc(m, x, y, num_steps=40, thinning=3, batch_size=8, num_chains=2, step_size=1e-4, **kw),
+    # tuning and sampling both run across the checkpoints, with an added velocity refresh
+    "smile": lambda m, x, y, **kw: pyrobnn.smile(m, x, y, num_samples=24, num_warmup=16, thinning=3, batch_size=8, num_chains=2, L=1.0, **kw),
 }
 
 

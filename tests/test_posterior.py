@@ -42,6 +42,10 @@ def _fit(name, model, x, y):
         return pyrobnn.swag(model, x, y, num_epochs=3, batch_size=8, rank=2, num_samples=10, map_estimate=ensemble.member(0), **quiet)
     if name in ("sgld", "sghmc"):
         return getattr(pyrobnn, name)(model, x, y, num_steps=20, thinning=2, batch_size=8, num_chains=2, **quiet)
+    if name == "smile":
+        return pyrobnn.smile(model, x, y, num_samples=20, num_warmup=10, thinning=2, batch_size=8, num_chains=2, **quiet)
+    if name == "ivon":
+        return pyrobnn.ivon(model, x, y, epochs=5, batch_size=8, **quiet)
     if name == "variational":
         guide = pyrobnn.MeanFieldNormal(model)
         history = pyrobnn.fit(model, guide, x, y, epochs=5, **quiet)
@@ -49,7 +53,7 @@ def _fit(name, model, x, y):
     raise ValueError(name)
 
 
-METHODS = ["nuts", "mclmc", "ensemble", "ensemble_mclmc", "laplace", "swag", "sgld", "sghmc", "variational"]
+METHODS = ["nuts", "mclmc", "ensemble", "ensemble_mclmc", "laplace", "swag", "sgld", "sghmc", "smile", "variational", "ivon"]
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -64,7 +68,7 @@ def test_every_method_saves_loads_and_predicts_identically(name, tmp_path):
     torch.load(path, weights_only=True)  # plain tensors and containers only
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
     fresh = _model(noise=None if name in ("nuts", "mclmc", "sgld") else 0.1)
-    if name == "variational":
+    if name in ("variational", "ivon"):
         loaded = pyrobnn.load_posterior(path, fresh, guide=pyrobnn.MeanFieldNormal(fresh))
     else:
         loaded = pyrobnn.load_posterior(path, fresh)
@@ -85,12 +89,12 @@ def test_every_method_converts_to_arviz_and_summarizes_itself(name):
     posterior = _fit(name, model, x, y)
     idata = posterior.to_arviz(x, y)
     site = model.sites[0].name.replace(".", "_")
-    chains, draws = (1, 1000) if name == "variational" else (posterior.num_chains, posterior.num_draws)
+    chains, draws = (1, 1000) if name in ("variational", "ivon") else (posterior.num_chains, posterior.num_draws)
     assert idata.posterior[site].shape[:2] == (chains, draws)
     assert idata.log_likelihood["obs"].shape == (chains, draws, x.shape[0])
     text = posterior.summary()
     assert posterior.method in text and type(model.net).__name__ in text
-    if name in ("nuts", "mclmc", "ensemble_mclmc", "sgld", "sghmc"):
+    if name in ("nuts", "mclmc", "ensemble_mclmc", "sgld", "sghmc", "smile"):
         assert f"{chains} chain(s) x {draws} draw(s)" in text
     if name == "nuts":
         assert "divergent transitions" in text

@@ -18,7 +18,8 @@ import pyro.distributions as dist
 import pyrobnn
 from pyrobnn.infer.mcmc import ensemble_sampling, nuts
 from pyrobnn.infer.modes import deep_ensemble, laplace, swag
-from pyrobnn.infer.sgmcmc import sghmc, sgld
+from pyrobnn.infer.sgmcmc import sghmc, sgld, smile
+from pyrobnn.infer.svi import ivon
 from pyrobnn.infer.variational import VariationalPosterior
 
 __all__ = ["Method", "METHODS", "REFERENCES", "register", "Settings", "settings", "build_model", "split_ensemble", "predict_on"]
@@ -183,6 +184,23 @@ def _sg_mcmc(sampler, **extra):
     return fit
 
 
+def _smile(model, split, s, seed, progress, shared):
+    """SMILE from the split's ensemble (one chain per member), with SGLD's budget of minibatch
+    steps: half tuning, half sampling."""
+    ensemble = split_ensemble(model, split, s, seed, progress, shared)
+    batch = _minibatch(split, s)
+    steps = s.sg_epochs * math.ceil(split["x_train"].shape[0] / batch)
+    kept_per_chain = max(1, s.num_predictive // ensemble.num_chains)
+    thinning = max(1, (steps - steps // 2) // kept_per_chain)
+    return smile(model, split["x_train"], split["y_train"], num_warmup=steps // 2, num_samples=steps - steps // 2, thinning=thinning,
+                 batch_size=batch, init=ensemble, seed=seed, progress=progress)
+
+
+def _ivon(model, split, s, seed, progress, shared):
+    return ivon(model, split["x_train"], split["y_train"], epochs=s.epochs, batch_size=s.batch_size or split["x_train"].shape[0],
+                seed=seed, progress=progress)
+
+
 def _vi(make_guide, elbo="meanfield", estimator="local"):
     def fit(model, split, s, seed, progress, shared):
         guide = make_guide(model)
@@ -199,6 +217,8 @@ for _method in (
     Method("swag", "SWAG", _swag, on_ensemble=True),
     Method("sgld", "SGLD (from the ensemble)", _sg_mcmc(sgld), on_ensemble=True),
     Method("sghmc", "SGHMC (from the ensemble)", _sg_mcmc(sghmc, friction=0.1), on_ensemble=True),
+    Method("smile", "pSMILE (from the ensemble)", _smile, on_ensemble=True),
+    Method("ivon", "IVON (diagonal Gaussian, natural gradient)", _ivon),
     Method("meanfield", "mean-field, Gaussian prior", _vi(lambda m: pyrobnn.MeanFieldNormal(m))),
     Method("meanfield_mixture", "mean-field, scale-mixture prior", _vi(lambda m: pyrobnn.MeanFieldNormal(m), elbo="trace"),
            prior=lambda: pyrobnn.ScaleMixturePrior(0.5, 1.0, math.exp(-6))),

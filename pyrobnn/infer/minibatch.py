@@ -17,11 +17,16 @@ before the failed step), and at the next check, the end of the epoch, a
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from pyrobnn.infer.failures import StepFailures, grads_not_finite, skips_on_device
 
-__all__ = ["minibatch_log_joint", "minibatch_log_joint_grad", "MinibatchLoop"]
+__all__ = [
+    "minibatch_log_joint", "minibatch_log_joint_grad", "minibatch_log_joint_value_and_grad", "per_row_minibatch_log_joint_value_and_grad",
+    "MinibatchLoop",
+]
 
 
 def minibatch_log_joint(potential, z, x, y, dataset_size: int, prior: bool = True) -> torch.Tensor:
@@ -33,13 +38,45 @@ def minibatch_log_joint(potential, z, x, y, dataset_size: int, prior: bool = Tru
     return total + log_prior if prior else total
 
 
+def minibatch_log_joint_value_and_grad(potential, z, x, y, dataset_size: int):
+    r""":func:`minibatch_log_joint` and its gradient for every row, ``((rows,), (rows, dim))``:
+    both unbiased for the full log joint and its gradient when the batch is drawn uniformly."""
+    with torch.enable_grad():
+        z = z.detach().requires_grad_(True)
+        value = minibatch_log_joint(potential, z, x, y, dataset_size)
+        (grad,) = torch.autograd.grad(value.sum(), z)
+    return value.detach(), grad
+
+
+@contextmanager
+def _distribution_checks_off():
+    # argument checks of torch distributions branch on tensor values, which torch.func.vmap
+    # cannot trace; the batches were validated with the training data before
+    previous = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(previous)
+
+
+def per_row_minibatch_log_joint_value_and_grad(potential, z, x, y, dataset_size: int):
+    r"""As :func:`minibatch_log_joint_value_and_grad`, with a batch of its own for every row:
+    ``x`` of shape ``(rows, B, ...)`` and ``y`` of shape ``(rows, B, ...)`` (one ``torch.func.vmap``
+    over the rows), so that the chains' gradient noise is independent."""
+
+    def one(row, xb, yb):
+        return minibatch_log_joint(potential, row.unsqueeze(0), xb, yb, dataset_size)[0]
+
+    with _distribution_checks_off():
+        grad, value = torch.func.vmap(torch.func.grad_and_value(one))(z.detach(), x, y)
+    return value, grad
+
+
 def minibatch_log_joint_grad(potential, z, x, y, dataset_size: int) -> torch.Tensor:
     r"""The gradient of :func:`minibatch_log_joint` for every row: unbiased for
     :math:`\nabla \log p(w \mid \mathcal D)` when the batch is drawn uniformly."""
-    with torch.enable_grad():
-        z = z.detach().requires_grad_(True)
-        (grad,) = torch.autograd.grad(minibatch_log_joint(potential, z, x, y, dataset_size).sum(), z)
-    return grad
+    return minibatch_log_joint_value_and_grad(potential, z, x, y, dataset_size)[1]
 
 
 class MinibatchLoop:
@@ -75,6 +112,17 @@ class MinibatchLoop:
             perm, cursor = torch.randperm(self.n, generator=self.order).to(self.device), 0
         self._stream = (perm, cursor + self.batch_size)
         return perm[cursor : cursor + self.batch_size]
+
+    def next_batches(self, rows: int):
+        """The next batch of every one of ``rows`` independent endless streams, ``(rows,
+        batch_size)``: each row takes the points of its own random order in turn (per-chain
+        minibatches, so that chains run from one start still see independent noise)."""
+        perm, cursor = self._stream if self._stream is not None else (None, self.n)
+        if cursor + self.batch_size > self.n:
+            perm = torch.rand(rows, self.n, generator=self.order).argsort(-1).to(self.device)
+            cursor = 0
+        self._stream = (perm, cursor + self.batch_size)
+        return perm[:, cursor : cursor + self.batch_size]
 
     def record(self, loss=None, params=None, new=None, grad=None):
         """Record this step's failure on the device: a non-finite ``loss`` (per row, or its

@@ -24,11 +24,13 @@ __all__ = ["VariationalPosterior"]
 
 class VariationalPosterior:
     """``model`` with its trained ``guide``; ``history`` is what :func:`pyrobnn.fit` returned
-    (optional), ``seconds`` the training time and ``settings`` how it was trained."""
+    (optional), ``seconds`` the training time, ``settings`` how it was trained and ``trainer``
+    what trained it (default ``"variational"``, SVI; :func:`pyrobnn.ivon` says ``"IVON"``)."""
 
     family = "variational"
 
-    def __init__(self, model, guide, history: History | None = None, *, seconds: float | None = None, settings: dict | None = None):
+    def __init__(self, model, guide, history: History | None = None, *, seconds: float | None = None, settings: dict | None = None,
+                 trainer: str = "variational"):
         if not callable(guide):
             raise TypeError(f"guide must be a trained Pyro guide (a callable), got {type(guide).__name__}")
         if history is not None and not isinstance(history, History):
@@ -38,7 +40,8 @@ class VariationalPosterior:
             seconds = float(sum(history.seconds)) if history is not None and history.seconds else 0.0
         self.seconds = seconds
         self.settings = dict(settings or {})
-        self.method = f"variational ({type(guide).__name__})"
+        self.trainer = str(trainer)
+        self.method = f"{self.trainer} ({type(guide).__name__})"
 
     def predict(self, x, num_samples: int = 100, **kwargs):
         """The posterior predictive at ``x`` from ``num_samples`` weight draws of the guide
@@ -84,6 +87,7 @@ class VariationalPosterior:
         metadata = {
             "posterior": {
                 "seconds": float(self.seconds),
+                "trainer": self.trainer,
                 "settings": plain(self.settings),
                 "history": plain(self.history.as_dict()) if self.history is not None else None,
             }
@@ -99,7 +103,8 @@ class VariationalPosterior:
         metadata = load(path, model, guide, map_location)
         saved = metadata.get("posterior") or {}
         history = History.from_dict(saved["history"]) if saved.get("history") else None
-        return cls(model, guide, history, seconds=saved.get("seconds", 0.0), settings=saved.get("settings"))
+        return cls(model, guide, history, seconds=saved.get("seconds", 0.0), settings=saved.get("settings"),
+                   trainer=saved.get("trainer", "variational"))
 
     def summary(self) -> str:
         """What this posterior is, how it was trained, and its final ELBO terms."""

@@ -67,7 +67,7 @@ from tqdm.auto import tqdm
 from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
 from pyrobnn.runtime import raised_recompile_limits
 
-__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc", "MCLACHLAN_B1"]
+__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "esh_velocity_update", "unit_vector", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc", "MCLACHLAN_B1"]
 
 #: McLachlan's minimal-norm coefficient (McLachlan 1995; Omelyan et al. 2003)
 MCLACHLAN_B1 = 0.1931833275037836
@@ -91,7 +91,7 @@ class MCLMCTuning:
     inv_mass: torch.Tensor
 
 
-def _unit(v):
+def unit_vector(v):
     return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-13)
 
 
@@ -100,11 +100,11 @@ def mclmc_init(potential, z, generator=None) -> MCLMCState:
     if z.shape[-1] < 2:
         raise ValueError("MCLMC needs at least two dimensions (the velocity lives on a sphere)")
     energy, grad = potential(z)
-    u = _unit(torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device))
+    u = unit_vector(torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device))
     return MCLMCState(z, u, energy, grad)
 
 
-def _velocity_update(u, grad, eps, sqrt_inv_mass):
+def esh_velocity_update(u, grad, eps, sqrt_inv_mass):
     """ESH velocity update by ``eps`` (``(C, 1)``) along ``-grad U``; returns ``(u', dK)``."""
     d = u.shape[-1]
     g = -grad * sqrt_inv_mass
@@ -113,7 +113,7 @@ def _velocity_update(u, grad, eps, sqrt_inv_mass):
     ue = (u * e).sum(-1, keepdim=True)
     delta = eps * g_norm / (d - 1)
     zeta = torch.exp(-delta)
-    u_new = _unit(e * (1 - zeta) * (1 + zeta + ue * (1 - zeta)) + 2 * zeta * u)
+    u_new = unit_vector(e * (1 - zeta) * (1 + zeta + ue * (1 - zeta)) + 2 * zeta * u)
     d_kinetic = (delta - math.log(2.0) + torch.log(1 + ue + (1 - ue) * zeta * zeta)) * (d - 1)
     return u_new, d_kinetic.squeeze(-1)
 
@@ -122,7 +122,7 @@ def _refresh(u, eps, L, noise):
     """Partial velocity refresh over a time ``eps`` (``(C, 1)``) with decoherence length ``L``."""
     d = u.shape[-1]
     nu = torch.sqrt(torch.expm1(2 * eps / L) / d)
-    return _unit(u + nu * noise)
+    return unit_vector(u + nu * noise)
 
 
 def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise):
@@ -137,19 +137,19 @@ def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise
     eps = step_size.unsqueeze(-1)
     L_ = L.unsqueeze(-1)
     u1 = _refresh(u, 0.5 * eps, L_, noise[0])
-    u2, dk1 = _velocity_update(u1, grad, MCLACHLAN_B1 * eps, sqrt_inv_mass)
+    u2, dk1 = esh_velocity_update(u1, grad, MCLACHLAN_B1 * eps, sqrt_inv_mass)
     z2 = z + 0.5 * eps * sqrt_inv_mass * u2
     e2, g2 = potential(z2)
-    u3, dk2 = _velocity_update(u2, g2, (1 - 2 * MCLACHLAN_B1) * eps, sqrt_inv_mass)
+    u3, dk2 = esh_velocity_update(u2, g2, (1 - 2 * MCLACHLAN_B1) * eps, sqrt_inv_mass)
     z3 = z2 + 0.5 * eps * sqrt_inv_mass * u3
     e3, g3 = potential(z3)
-    u4, dk3 = _velocity_update(u3, g3, MCLACHLAN_B1 * eps, sqrt_inv_mass)
+    u4, dk3 = esh_velocity_update(u3, g3, MCLACHLAN_B1 * eps, sqrt_inv_mass)
     u5 = _refresh(u4, 0.5 * eps, L_, noise[1])
     d_energy = dk1 + dk2 + dk3 + e3 - energy
     finite = torch.isfinite(d_energy) & torch.isfinite(z3).all(-1) & torch.isfinite(g3).all(-1) & torch.isfinite(u5).all(-1)
     keep = finite.unsqueeze(-1)
     z_out = torch.where(keep, z3, z)
-    u_out = torch.where(keep, u5, _unit(noise[2]))
+    u_out = torch.where(keep, u5, unit_vector(noise[2]))
     energy_out = torch.where(finite, e3, energy)
     grad_out = torch.where(keep, g3, grad)
     d_energy = torch.where(finite, d_energy, torch.zeros_like(d_energy))

@@ -247,7 +247,8 @@ def ensemble_sampling(model, x, y, ensemble: Posterior = None, sampler: str = "m
     """Ensemble-initialized sampling (Sommer et al. 2024, ICML; MILE, Sommer et al. 2025, ICLR):
     one chain per member of ``ensemble`` (:func:`pyrobnn.deep_ensemble`), run by ``sampler``
     (``"mclmc"``: :func:`mclmc` with MILE's settings by default; ``"nuts"``: :func:`nuts`, MILE's
-    baseline uses ``num_warmup=100, num_samples=1000``); ``kwargs`` go to the sampler. The chains
+    baseline uses ``num_warmup=100, num_samples=1000``; ``"smile"``: the minibatch sampler
+    :func:`pyrobnn.smile`, SMILE's ensemble); ``kwargs`` go to the sampler. The chains
     sit in different regions by design: judge each one on its own
     (:func:`pyrobnn.diagnostics.within_chain_summary`, or the result's ``summary()``)."""
     if not isinstance(ensemble, Posterior):
@@ -256,4 +257,8 @@ def ensemble_sampling(model, x, y, ensemble: Posterior = None, sampler: str = "m
         return mclmc(model, x, y, init=ensemble, **kwargs)
     if sampler == "nuts":
         return nuts(model, x, y, init=ensemble, **kwargs)
-    raise ValueError(f"sampler must be 'mclmc' or 'nuts', got {sampler!r}")
+    if sampler == "smile":
+        from pyrobnn.infer.sgmcmc.smile import smile
+
+        return smile(model, x, y, init=ensemble, **kwargs)
+    raise ValueError(f"sampler must be 'mclmc', 'nuts' or 'smile', got {sampler!r}")

@@ -501,7 +501,7 @@ inline void unit(T* v, int64_t D) {
     for (int64_t i = 0; i < D; ++i) v[i] /= norm;
 }
 
-// ESH velocity update by eps along -grad U (pyrobnn.infer.mcmc.mclmc_kernel._velocity_update); returns dK
+// ESH velocity update by eps along -grad U (pyrobnn.infer.mcmc.mclmc_kernel.esh_velocity_update); returns dK
 template <typename T>
 T velocity_update(T* u, const T* grad, T eps, const T* sqrt_inv_mass, int64_t D, T* e) {
     T gn = 0;
