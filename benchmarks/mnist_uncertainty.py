@@ -13,8 +13,9 @@ AdamW, early stopping on the validation NLL); MAP = its first member; MAP with t
 scaling (fitted on the validation split); Laplace around the MAP with KFAC GGN on the last layer
 and on all weights (prior precision tuned by the marginal likelihood, linearized predictive);
 SWAG from the MAP; SGLD and cyclical SGHMC started at the MAP (step sizes from the largest
-curvature); MC dropout (p = 0.1) and mean-field VI (local reparameterization), both by
-``pyrobnn.fit``.
+curvature); pSMILE (stochastic-gradient microcanonical sampling) with one chain per ensemble
+member; MC dropout (p = 0.1) and mean-field VI (local reparameterization), both by
+``pyrobnn.fit``; IVON (natural-gradient variational learning of a diagonal Gaussian).
 
 Metrics on the test set: error (%), NLL (nats per image), ECE (15 bins, %), Brier score; OOD:
 AUROC of predictive entropy and of mutual information for telling the shifted images from the
@@ -37,7 +38,7 @@ from pyrobnn.calibration import TemperatureScaling
 from pyrobnn.data import mnist
 from pyrobnn.infer.modes.ensemble import deep_ensemble
 from pyrobnn.infer.modes.laplace import laplace
-from pyrobnn.infer.sgmcmc import sghmc, sgld
+from pyrobnn.infer.sgmcmc import sghmc, sgld, smile
 from pyrobnn.infer.modes.swag import swag
 from pyrobnn.io import atomic_write_text, record_results
 from pyrobnn.metrics import brier_score, ood_auroc
@@ -46,11 +47,14 @@ from pyrobnn.plotting import plot_reliability_diagram, save_figure
 
 def settings(quick):
     if quick:
-        return dict(train=2000, val=500, test=1000, members=2, epochs=3, swag_epochs=3, sg_epochs=3, vi_epochs=3, samples=20, batch=128)
-    return dict(train=None, val=10_000, test=None, members=5, epochs=15, swag_epochs=10, sg_epochs=10, vi_epochs=15, samples=100, batch=128)
+        return dict(train=2000, val=500, test=1000, members=2, epochs=3, swag_epochs=3, sg_epochs=3, vi_epochs=3, samples=20, batch=128,
+                    smile_warmup=20, smile_steps=40)
+    return dict(train=None, val=10_000, test=None, members=5, epochs=15, swag_epochs=10, sg_epochs=10, vi_epochs=15, samples=100, batch=128,
+                smile_warmup=1000, smile_steps=3000)
 
 
-METHOD_KEYS = ("map", "temperature", "ensemble", "laplace_last_layer", "laplace_all", "swag", "sgld", "sghmc", "mc_dropout", "meanfield")
+METHOD_KEYS = ("map", "temperature", "ensemble", "laplace_last_layer", "laplace_all", "swag", "sgld", "sghmc", "smile", "mc_dropout", "meanfield",
+               "ivon")
 
 
 def new_model():
@@ -156,6 +160,13 @@ def main(argv=None):
             result = sampler(model, d["x"], d["y"], step_size="auto", num_steps=steps, thinning=max(1, keep // s["samples"]),
                              batch_size=s["batch"], init=first, seed=args.seed, progress=False, **extra)
             record(name, sampled(model, result, None), t_ens + time.perf_counter() - start)
+    if want("smile"):
+        # SMILE's ensemble: a chain from each member, the paper's LeNet step size (0.01)
+        start = time.perf_counter()
+        per_chain = max(1, s["samples"] // ensemble.num_chains)
+        result = smile(model, d["x"], d["y"], num_warmup=s["smile_warmup"], num_samples=s["smile_steps"], step_size=0.01,
+                       thinning=max(1, s["smile_steps"] // per_chain), batch_size=s["batch"], init=ensemble, seed=args.seed, progress=False)
+        record(f"pSMILE ({ensemble.num_chains} chains from the ensemble)", sampled(model, result, None), t_ens + time.perf_counter() - start)
     for key, name, guide_fn, estimator in (("mc_dropout", "MC dropout (p = 0.1)", lambda m: pyrobnn.MCDropout(m, p=0.1), None),
                                            ("meanfield", "mean-field VI", lambda m: pyrobnn.MeanFieldNormal(m), "local")):
         if want(key):
@@ -165,6 +176,11 @@ def main(argv=None):
             pyrobnn.fit(vi_model, guide, d["x"], d["y"], epochs=s["vi_epochs"], batch_size=s["batch"], lr=1e-3, estimator=estimator,
                         progress=False, seed=args.seed)
             record(name, sampled(vi_model, guide, s["samples"]), time.perf_counter() - start)
+    if want("ivon"):
+        vi_model = new_model()
+        start = time.perf_counter()
+        result = pyrobnn.ivon(vi_model, d["x"], d["y"], epochs=s["vi_epochs"], batch_size=s["batch"], seed=args.seed, progress=False)
+        record("IVON", sampled(vi_model, result.guide, s["samples"]), time.perf_counter() - start)
 
     names = list(rows)
     cols = 4

@@ -15,6 +15,11 @@ N(0, 1) prior on every weight and bias; 12 members.
 - **DE-initialized MCLMC** (MILE): one chain per member; 50,000 tuning steps (40k/5k/5k), then
   10,000 steps thinned by 10.
 - **DE-initialized NUTS**: one chain per member, 100 warm-up iterations and 1,000 draws.
+- **DE-initialized pSMILE and SGHMC** (``--skip-minibatch`` to leave out): the minibatch
+  samplers from the same members on batches of ``--batch-size`` (64) points, at MILE's number of
+  gradient evaluations: SMILE (two per step) tunes for as many steps as MILE and samples for as
+  many, thinned alike; SGHMC (one per step, step size ``"auto"``, friction 0.1) runs twice as
+  many steps, the first half burn-in, thinned to as many draws.
 - **BlackJAX MCLMC** (``--skip-blackjax`` to leave out): ``blackjax.mclmc`` with the McLachlan
   isokinetic integrator and ``mclmc_find_L_and_step_size`` (vmapped over chains, the same
   40k/5k/5k phases, target energy variance 0.1: BlackJAX has no schedule, so this is the end of
@@ -57,6 +62,7 @@ from pyrobnn import diagnostics
 from pyrobnn.data import uci_shuffled
 from pyrobnn.infer.modes.ensemble import deep_ensemble
 from pyrobnn.infer.mcmc import mclmc, nuts
+from pyrobnn.infer.sgmcmc import sghmc, smile
 from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.io import atomic_write_text, record_results
@@ -229,7 +235,7 @@ def run_one(name, seed, s, args, record, save):
     record.update({"dataset": name, "seed": seed, "n_train": split.x_train.shape[0], "n_test": split.x_test.shape[0]})
     # the ensemble is cheap and deterministic given the seed: trained again on a resumed run
     ensemble = deep_ensemble(
-        model, split.x_train, split.y_train, s["members"], x_val=split.x_val, y_val=split.y_val, objective="likelihood",
+        model, split.x_train, split.y_train, num_members=s["members"], x_val=split.x_val, y_val=split.y_val, objective="likelihood",
         lr=1e-3, weight_decay=1e-3, batch_size=32, max_epochs=s["max_epochs"], patience=10, seed=seed, progress=False,
     )
     record["DE"] = {**scores(model, ensemble, split), "seconds": ensemble.seconds,
@@ -254,6 +260,8 @@ def run_one(name, seed, s, args, record, save):
         record["MCLMC long"] = {"steps": n, **scores(model, result, split), "seconds": result.seconds,
                                 "rhat_by_draws": prefix_rhat(model, result, split, fractions=tuple(np.linspace(0.1, 1.0, 10)))}
         save()
+    if not args.skip_minibatch:
+        minibatch_runs(model, ensemble, split, s, seed, record, save, args.batch_size)
     if not args.skip_nuts and "NUTS" not in record:
         result = nuts(model, split.x_train, split.y_train, num_samples=s["nuts_samples"], num_warmup=s["nuts_warmup"],
                       max_tree_depth=s["nuts_depth"], init=ensemble, seed=seed, progress=False)
@@ -277,9 +285,42 @@ def mclmc_run(model, ensemble, split, s, seed, record):
     print(f"{name} seed {seed}: MCLMC {record['MCLMC']['lppd']:.3f} LPPD in {result.seconds:.1f} s; {record['MCLMC']['verdict']}", flush=True)
 
 
-METHODS = ("DE", "MCLMC", "BlackJAX MCLMC", "NUTS")
+def minibatch_runs(model, ensemble, split, s, seed, record, save, batch_size):
+    """pSMILE and SGHMC from the ensemble at MILE's gradient evaluations (module docstring)."""
+    warmup = sum(s["warmup"])
+    runs = {
+        "SMILE": lambda: smile(model, split.x_train, split.y_train, num_warmup=warmup, num_samples=s["samples"], thinning=s["thinning"],
+                               batch_size=batch_size, init=ensemble, seed=seed, progress=False),
+        "SGHMC": lambda: sghmc(model, split.x_train, split.y_train, step_size="auto", friction=0.1, num_steps=2 * (warmup + s["samples"]),
+                               num_burnin=2 * warmup, thinning=2 * s["thinning"], batch_size=batch_size, init=ensemble, seed=seed,
+                               progress=False),
+    }
+    for method, run in runs.items():
+        if method in record:
+            continue
+        try:
+            result = run()
+        except Exception as error:  # a failed run is a result of the comparison, not the end of it
+            record[method] = {"failed": f"{type(error).__name__}: {error}"}
+            print(f"{split.name} seed {seed}: {method} failed: {record[method]['failed']}", flush=True)
+            save()
+            continue
+        potential = FlatPotential(model.eval(), split.x_train, split.y_train)
+        draws = potential.pack({k: v.reshape((-1,) + v.shape[2:]) for k, v in result.samples.items()})
+        result.stats["energy"] = potential(draws).reshape(result.num_chains, result.num_draws)
+        record[method] = {**scores(model, result, split), "seconds": result.seconds, "batch_size": batch_size,
+                          **within_chain(model, result, split, record["DE"]["lppd"])}
+        if method == "SMILE":
+            record[method]["resets"] = int(result.stats["resets"].sum() + result.stats["resets_warmup"].sum())
+            record[method]["step_size_median"] = result.stats["step_size"].median().item()
+        print(f"{split.name} seed {seed}: {method} {record[method]['lppd']:.3f} LPPD in {result.seconds:.1f} s; {record[method]['verdict']}",
+              flush=True)
+        save()
+
+
+METHODS = ("DE", "MCLMC", "BlackJAX MCLMC", "SMILE", "SGHMC", "NUTS")
 LABELS = {"DE": "deep ensemble", "MCLMC": "DE-initialized MCLMC", "BlackJAX MCLMC": "DE-initialized MCLMC in BlackJAX",
-          "NUTS": "DE-initialized NUTS"}
+          "SMILE": "DE-initialized pSMILE (minibatch)", "SGHMC": "DE-initialized SGHMC (minibatch)", "NUTS": "DE-initialized NUTS"}
 
 
 def summarize(records):
@@ -287,7 +328,7 @@ def summarize(records):
     for name in sorted({r["dataset"] for r in records}):
         rows = [r for r in records if r["dataset"] == name]
         for method in METHODS:
-            got = [r[method] for r in rows if method in r]
+            got = [r[method] for r in rows if method in r and "failed" not in r[method]]
             if not got:
                 continue
             entry = {"seeds": len(got)}
@@ -354,6 +395,8 @@ def main(argv=None):
     parser.add_argument("--skip-blackjax", action="store_true")
     parser.add_argument("--skip-nuts", action="store_true", help="leave out DE-initialized NUTS (the slowest part)")
     parser.add_argument("--skip-numpyro", action="store_true", help="leave out the 4-chain NUTS comparison")
+    parser.add_argument("--skip-minibatch", action="store_true", help="leave out pSMILE and SGHMC")
+    parser.add_argument("--batch-size", type=int, default=64, help="the minibatch samplers' batch size")
     parser.add_argument("--long-factor", type=int, default=1, help="also run MCLMC this many times longer on the first seed")
     parser.add_argument("--min-scale", type=float, default=1e-6,
                         help="floor of the heteroscedastic noise scale (the protocol: 1e-6; raise it for targets that repeat exactly)")
@@ -370,6 +413,8 @@ def main(argv=None):
     torch.set_num_threads(int(os.environ.get("PYROBNN_THREADS", "2")))
     os.makedirs(args.out, exist_ok=True)
     fingerprint = json.loads(json.dumps(dict(s, min_scale=args.min_scale)))
+    if not args.skip_minibatch and args.batch_size != 64:
+        fingerprint["batch_size"] = args.batch_size
     records = []
     for name in datasets:
         for seed in args.seeds:

@@ -27,7 +27,8 @@ def test_ivon_reaches_the_mean_field_optimum_of_the_conjugate_regression():
     means, sds = [], []
     for seed in range(6):
         model = bayesian_linear_model()
-        result = pyrobnn.ivon(model, X, y.unsqueeze(-1), epochs=1500, batch_size=100, lr=0.1, seed=seed, progress=False)
+        # the Hessian of a linear model is constant: a short average (beta2) converges within the run
+        result = pyrobnn.ivon(model, X, y.unsqueeze(-1), epochs=1500, batch_size=100, lr=0.1, beta2=0.99, seed=seed, progress=False)
         m, s = _moments(result, model)
         means.append(m)
         sds.append(s)
@@ -74,7 +75,7 @@ def test_ivon_returns_a_guide_every_verb_takes_and_fits_a_latent_noise_scale():
     result = pyrobnn.ivon(model, x, y, epochs=300, batch_size=20, progress=False)
     assert isinstance(result.guide, pyrobnn.MeanFieldNormal)
     assert result.method.startswith("IVON") and len(result.history) == 300
-    assert result.settings["beta2"] == default_beta2(600) == 0.99
+    assert result.settings["beta2"] == default_beta2(600) == 0.999
     scale = result.guide.latent_posterior("noise_scale")
     assert 0.05 < float(scale.mean.detach()) < 0.5  # moved from the prior's mean (about 0.41) toward the data's 0.1
     pred = result.predict(x, 50, seed=0)
@@ -132,6 +133,6 @@ def test_the_learning_rate_ramps_up_then_decays():
 
 
 def test_default_beta2_follows_the_run_length():
-    assert default_beta2(100) == 0.99
-    assert default_beta2(10_000) == pytest.approx(0.999)
+    assert default_beta2(100) == 0.999
+    assert default_beta2(10_000) == pytest.approx(0.9999)
     assert default_beta2(10**8) == 0.99999

@@ -17,8 +17,6 @@ before the failed step), and at the next check, the end of the epoch, a
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from pyrobnn.infer.failures import StepFailures, grads_not_finite, skips_on_device
@@ -48,29 +46,16 @@ def minibatch_log_joint_value_and_grad(potential, z, x, y, dataset_size: int):
     return value.detach(), grad
 
 
-@contextmanager
-def _distribution_checks_off():
-    # argument checks of torch distributions branch on tensor values, which torch.func.vmap
-    # cannot trace; the batches were validated with the training data before
-    previous = torch.distributions.Distribution._validate_args
-    torch.distributions.Distribution.set_default_validate_args(False)
-    try:
-        yield
-    finally:
-        torch.distributions.Distribution.set_default_validate_args(previous)
-
-
 def per_row_minibatch_log_joint_value_and_grad(potential, z, x, y, dataset_size: int):
     r"""As :func:`minibatch_log_joint_value_and_grad`, with a batch of its own for every row:
-    ``x`` of shape ``(rows, B, ...)`` and ``y`` of shape ``(rows, B, ...)`` (one ``torch.func.vmap``
-    over the rows), so that the chains' gradient noise is independent."""
-
-    def one(row, xb, yb):
-        return minibatch_log_joint(potential, row.unsqueeze(0), xb, yb, dataset_size)[0]
-
-    with _distribution_checks_off():
-        grad, value = torch.func.vmap(torch.func.grad_and_value(one))(z.detach(), x, y)
-    return value, grad
+    ``x`` of shape ``(rows, B, ...)`` and ``y`` of shape ``(rows, B, ...)``, so that the chains'
+    gradient noise is independent (one batched pass of the network over all rows)."""
+    with torch.enable_grad():
+        z = z.detach().requires_grad_(True)
+        log_prior, log_lik = potential.log_joint_terms(z, x, y, batched_inputs=True)
+        value = log_prior + (dataset_size / x.shape[1]) * log_lik
+        (grad,) = torch.autograd.grad(value.sum(), z)
+    return value.detach(), grad
 
 
 def minibatch_log_joint_grad(potential, z, x, y, dataset_size: int) -> torch.Tensor:

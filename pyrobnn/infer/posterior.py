@@ -281,6 +281,14 @@ class Posterior:
             value = self.stats.get(key)
             if isinstance(value, torch.Tensor) and int(value.sum()):
                 out.append(f"{key}: {int(value.sum())} steps undone for a non-finite value, per chain {value.tolist()}")
+        resets = self.stats.get("resets")
+        if isinstance(resets, torch.Tensor):
+            warm = self.stats.get("resets_warmup", torch.zeros_like(resets))
+            out.append(f"steps undone by the energy-error guardrail: {int(warm.sum())} while tuning, {int(resets.sum())} while sampling")
+        step = self.stats.get("step_size")
+        if self.family == "sgmcmc" and isinstance(step, torch.Tensor) and bool((step <= 1e-7).any()):
+            stuck = int((step <= 1e-7).sum())
+            out.append(f"{stuck} chain(s) ended with a step size at the floor (<= 1e-7): they barely moved; start with a smaller step_size")
         if "diverging" in self.stats:
             out.append(f"divergent transitions: {self.num_divergences} of {self.num_chains * self.num_draws}")
         energy = self.stats.get("energy")

@@ -91,12 +91,13 @@ class FlatPotential:
             raise ValueError(f"the sites hold different numbers of chains: {sorted(chains)}")
         return torch.cat(blocks, 1)
 
-    def log_joint_terms(self, z, x=None, y=None):
+    def log_joint_terms(self, z, x=None, y=None, batched_inputs: bool = False):
         r"""``(log p(w) + log|J|, log p(y | x, w))`` per chain, each of shape ``(chains,)``.
 
         The prior term covers every latent site (with the log-Jacobian of the latent sites'
         transforms); the likelihood term is summed over the points of ``(x, y)``, the full data
-        by default. A caller that passes a minibatch scales it by ``N / B`` itself."""
+        by default. A caller that passes a minibatch scales it by ``N / B`` itself. With
+        ``batched_inputs``, ``x`` and ``y`` hold a batch per chain (``(chains, B, ...)``)."""
         x = self.x if x is None else x
         y = self.y if y is None else y
         if x is None:
@@ -117,7 +118,9 @@ class FlatPotential:
             log_p = log_p + prior.log_prob(value) + transform.log_abs_det_jacobian(u, value)
             # the likelihood reads latent samples with Pyro's plate slot: (chains, 1)
             latents[name] = value.unsqueeze(-1)
-        output = call_with_weights(self.model.net, self.sites, weights, x)
+        if batched_inputs and not weights:
+            raise ValueError("batched inputs need weight sites to carry the chain dimension")
+        output = call_with_weights(self.model.net, self.sites, weights, x, batched_inputs=batched_inputs)
         log_lik = self.model.likelihood.distribution(output, **latents).log_prob(y)
         return log_p, log_lik.reshape(chains, -1).sum(-1)
 

@@ -161,8 +161,11 @@ def _run_stack(layers, sites, weights, x):
     return h
 
 
-def call_with_weights(net, sites, values, x, data_dims: int = 1):
+def call_with_weights(net, sites, values, x, data_dims: int = 1, batched_inputs: bool = False):
     """``net(x)`` with each site's parameter replaced by ``values[site.name]``.
+
+    With ``batched_inputs``, ``x`` carries the values' (one) sample dimension first: sample
+    ``s`` runs on ``x[s]`` (a minibatch of its own per chain).
 
     While an estimator handler is active the random layers route through it
     (:class:`route_layers`). Values without sample dimensions are swapped in and the network
@@ -187,7 +190,9 @@ def call_with_weights(net, sites, values, x, data_dims: int = 1):
         v = values[site.name].reshape(shape + site.shape)
         flat.append(v.expand(sample_shape + site.shape).reshape((-1,) + site.shape))
 
-    layers = None if route or x.dim() != 2 else batched_stack(net)
+    if batched_inputs and (len(sample_shape) != 1 or x.shape[0] != sample_shape[0]):
+        raise ValueError(f"batched inputs need one sample dimension matching x's first ({x.shape[0]}), got {tuple(sample_shape)}")
+    layers = None if route or x.dim() != (3 if batched_inputs else 2) else batched_stack(net)
     if layers is not None:
         # Linear layers with a sample dimension are batched products: no vmap needed
         out = _run_stack(layers, sites, {(id(s.module), s.param_name): w for s, w in zip(sites, flat)}, x)
@@ -200,5 +205,11 @@ def call_with_weights(net, sites, values, x, data_dims: int = 1):
                     return net(x)
             return net(x)
 
+    if batched_inputs:
+        def one_sample_on_its_inputs(x_s, *weights):
+            with swap_parameters([(s.module, s.param_name, w) for s, w in zip(sites, weights)]):
+                return net(x_s)
+
+        return vmap(one_sample_on_its_inputs, randomness="different")(x, *flat)
     out = vmap(one_sample, randomness="different")(*flat)
     return out.reshape(sample_shape + out.shape[1:])

@@ -57,11 +57,14 @@ __all__ = ["ivon", "IVONState", "ivon_update", "default_beta2", "warmup_cosine_f
 
 
 def default_beta2(num_steps: int) -> float:
-    """:math:`\\beta_2` when none is given: :math:`1 - 10/T` for a run of :math:`T` steps, kept in
-    :math:`[0.99, 0.99999]`, so that the Hessian's average spans about a tenth of the run (the
-    paper's 0.99999 is for runs of a million steps and more; with fewer, :math:`h` would stay
-    near ``hess_init``)."""
-    return min(max(1.0 - 10.0 / max(num_steps, 1), 0.99), 0.99999)
+    """:math:`\beta_2` when none is given: :math:`1 - 1/T` for a run of :math:`T` steps, kept in
+    :math:`[0.999, 0.99999]`, so that the Hessian's average spans the run (the paper's 0.99999 is
+    for runs of a hundred thousand steps and more; with fewer, :math:`h` would stay near
+    ``hess_init``). A much shorter average lets :math:`h` follow the noise of its one-sample
+    estimates down toward zero on weights the data barely constrain, their draws then widen to
+    the prior's, and the network breaks: on MNIST with LeNet-300-100 a time constant of 190 steps
+    did so within six epochs, while 1,000 steps and more trained stably."""
+    return min(max(1.0 - 1.0 / max(num_steps, 1), 0.999), 0.99999)
 
 
 class IVONState:
