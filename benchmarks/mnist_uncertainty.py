@@ -161,10 +161,10 @@ def main(argv=None):
                              batch_size=s["batch"], init=first, seed=args.seed, progress=False, **extra)
             record(name, sampled(model, result, None), t_ens + time.perf_counter() - start)
     if want("smile"):
-        # SMILE's ensemble: a chain from each member, the paper's LeNet step size (0.01)
+        # SMILE's ensemble: a chain from each member, the paper's LeNet step size (0.01), tuned in warm-up
         start = time.perf_counter()
         per_chain = max(1, s["samples"] // ensemble.num_chains)
-        result = smile(model, d["x"], d["y"], num_warmup=s["smile_warmup"], num_samples=s["smile_steps"], step_size=0.01,
+        result = smile(model, d["x"], d["y"], num_warmup=s["smile_warmup"], num_samples=s["smile_steps"], step_size=0.01, tune=True,
                        thinning=max(1, s["smile_steps"] // per_chain), batch_size=s["batch"], init=ensemble, seed=args.seed, progress=False)
         record(f"pSMILE ({ensemble.num_chains} chains from the ensemble)", sampled(model, result, None), t_ens + time.perf_counter() - start)
     for key, name, guide_fn, estimator in (("mc_dropout", "MC dropout (p = 0.1)", lambda m: pyrobnn.MCDropout(m, p=0.1), None),
