@@ -112,7 +112,7 @@ def main(argv=None):
     d = load(args.data_dir, s, args.seed)
     os.makedirs(args.out, exist_ok=True)
     print(f"MNIST: {d['x'].shape[0]} training, {d['x_val'].shape[0]} validation, {d['x_test'].shape[0]} test images", flush=True)
-    rows, tests, seconds = {}, {}, {}
+    rows, tests = {}, {}
     model = new_model()
 
     def record(name, predictor, fit_seconds):
@@ -198,7 +198,7 @@ def main(argv=None):
             rows = {**json.load(f), **rows}
     atomic_write_text(json.dumps(rows, indent=1) + "\n", saved)
 
-    print(f"\n| method | error (%) | NLL | ECE (%) | Brier | AUROC entropy: permuted / rotated | AUROC MI: permuted / rotated | fit (s) |")
+    print("\n| method | error (%) | NLL | ECE (%) | Brier | AUROC entropy: permuted / rotated | AUROC MI: permuted / rotated | fit (s) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['error']:.2f} | {r['nll']:.4f} | {r['ece']:.2f} | {r['brier']:.4f} | "

@@ -118,8 +118,6 @@ class FlatPotential:
             log_p = log_p + prior.log_prob(value) + transform.log_abs_det_jacobian(u, value)
             # the likelihood reads latent samples with Pyro's plate slot: (chains, 1)
             latents[name] = value.unsqueeze(-1)
-        if batched_inputs and not weights:
-            raise ValueError("batched inputs need weight sites to carry the chain dimension")
         output = call_with_weights(self.model.net, self.sites, weights, x, batched_inputs=batched_inputs)
         log_lik = self.model.likelihood.distribution(output, **latents).log_prob(y)
         return log_p, log_lik.reshape(chains, -1).sum(-1)

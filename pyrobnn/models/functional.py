@@ -177,6 +177,8 @@ def call_with_weights(net, sites, values, x, data_dims: int = 1, batched_inputs:
     shapes = [sample_shape_of(values[s.name], s, data_dims) for s in sites]
     sample_shape = broadcast_sizes(*shapes) if shapes else torch.Size()
     route = estimator_active()
+    if batched_inputs and (len(sample_shape) != 1 or x.shape[0] != sample_shape[0]):
+        raise ValueError(f"batched inputs need one sample dimension matching x's first ({x.shape[0]}), got {tuple(sample_shape)}")
     if not sample_shape:
         weights = [values[s.name].reshape(s.shape) for s in sites]
         with swap_parameters([(s.module, s.param_name, w) for s, w in zip(sites, weights)]):
@@ -190,8 +192,6 @@ def call_with_weights(net, sites, values, x, data_dims: int = 1, batched_inputs:
         v = values[site.name].reshape(shape + site.shape)
         flat.append(v.expand(sample_shape + site.shape).reshape((-1,) + site.shape))
 
-    if batched_inputs and (len(sample_shape) != 1 or x.shape[0] != sample_shape[0]):
-        raise ValueError(f"batched inputs need one sample dimension matching x's first ({x.shape[0]}), got {tuple(sample_shape)}")
     layers = None if route or x.dim() != (3 if batched_inputs else 2) else batched_stack(net)
     if layers is not None:
         # Linear layers with a sample dimension are batched products: no vmap needed
@@ -208,6 +208,9 @@ def call_with_weights(net, sites, values, x, data_dims: int = 1, batched_inputs:
     if batched_inputs:
         def one_sample_on_its_inputs(x_s, *weights):
             with swap_parameters([(s.module, s.param_name, w) for s, w in zip(sites, weights)]):
+                if route:
+                    with route_layers(sites, weights):
+                        return net(x_s)
                 return net(x_s)
 
         return vmap(one_sample_on_its_inputs, randomness="different")(x, *flat)
