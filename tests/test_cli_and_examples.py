@@ -114,6 +114,6 @@ def test_mnist_uncertainty_benchmark_quick(tmp_path, shared_data_dir):
                   "--out", "mnist"], tmp_path)
     summary = json.loads(stdout.strip().splitlines()[-1])
     errors = {k: v for k, v in summary.items() if k.endswith("/error")}
-    assert len(errors) == 10 and all(v < 50 for v in errors.values()), errors
+    assert len(errors) == 12 and all(v < 50 for v in errors.values()), errors
     assert summary["MAP + temperature scaling/nll"] <= summary["MAP/nll"] + 1e-6
     assert (tmp_path / "mnist" / "reliability.png").stat().st_size > 10_000
