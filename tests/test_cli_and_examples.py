@@ -52,8 +52,8 @@ def test_compare_quick_on_the_toy_data(tmp_path):
         assert (out / name).stat().st_size > 0, name
     results = json.load(open(out / "results.json"))
     rows = {r["key"]: r for r in results["summary"]}
-    assert set(rows) == {"reference", "ensemble", "laplace", "swag", "sgld", "sghmc", "meanfield", "meanfield_mixture", "variational_dropout",
-                         "sparse_vd", "mc_dropout", "concrete_dropout"}
+    assert set(rows) == {"reference", "ensemble", "laplace", "swag", "sgld", "sghmc", "smile", "ivon", "meanfield", "meanfield_mixture",
+                         "variational_dropout", "sparse_vd", "mc_dropout", "concrete_dropout"}
     assert rows["reference"]["w2_to_reference"] == 0.0
     # the targets have sd 0.77; even the short runs must do better than predicting the mean
     assert rows["reference"]["rmse"] < 0.3 and rows["ensemble"]["rmse"] < 0.3

@@ -19,6 +19,7 @@ def _moments(result, model):
     return guide.posterior_mean_of(site).detach().reshape(-1), guide.scale_of(site).detach().reshape(-1)
 
 
+@pytest.mark.slow  # about 9 s: six runs, run by .ci/run's -m slow
 def test_ivon_reaches_the_mean_field_optimum_of_the_conjugate_regression():
     """Its fixed point is the exact mean with variances 1 / diag(precision). The runs' spread
     over seeds gives the Monte Carlo standard error of the averaged answer."""

@@ -63,6 +63,7 @@ def test_anisotropic_noise_biases_smile_and_the_noise_preconditioner_reduces_the
     assert spread(preconditioned) < spread(plain) / 10, (preconditioned, plain)
 
 
+@pytest.mark.slow  # about 7 s: two statistical runs, run by .ci/run's -m slow
 def test_a_preconditioner_that_kept_adapting_while_sampling_would_bias_the_draws():
     """Why the kernel freezes its preconditioner after warm-up: a scaling that follows the
     recent gradients makes the step depend on the chain's path. Frozen, isotropic noise gives

@@ -46,6 +46,10 @@ def smile(
     guardrail (``reset_prob``) acts throughout.
 
     :param step_size: the initial step size of every chain (the authors' default, 1e-3).
+    :param precondition: scale each coordinate by the spread of its minibatch gradients (pSMILE).
+        A coordinate whose gradient barely varies (a weight into a dead ReLU unit) then takes
+        steps thousands of times longer than the others. On MILE's UCI protocol this went with
+        half the chains diverging (``docs/results.md``), which ``precondition=False`` avoided.
     :param tune: adapt the step size by the energy-error tuner while warming up (SMILET). Off by
         default, as in the paper's UCI and LeNet runs: the tuner is relative and drifts the step
         down over long warm-ups (:mod:`pyrobnn.infer.sgmcmc.smile_kernel` says why).
