@@ -60,6 +60,16 @@ class RunCheckpoint:
         self.kind, self.identity, self.every, self.seconds = kind, identity, every, float(seconds)
         self._last = time.monotonic()
 
+    @classmethod
+    def of_run(cls, path, kind: str, settings: dict, model, data, start, every=None, seconds: float = 60.0) -> "RunCheckpoint":
+        """The checkpoint of a run of ``model`` with these ``settings`` on the tensors ``data``
+        from the positions ``start``: its identity is the settings, SHA-256 hashes of the data
+        and the start, and the model's structure."""
+        from pyrobnn.infer.posterior import structure
+
+        identity = dict(settings, data=digest(*data), start=digest(start), structure=structure(model))
+        return cls(path, kind, identity, every, seconds)
+
     @property
     def enabled(self) -> bool:
         return self.path is not None

@@ -17,10 +17,10 @@ import warnings
 import pyro
 import torch
 
-from pyrobnn.infer.checkpoints import RunCheckpoint, digest
+from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.mcmc import native as native_kernels
 from pyrobnn.infer.mcmc.budget import ExecutionPath, choose_path
-from pyrobnn.infer.posterior import Posterior, structure
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
@@ -60,8 +60,7 @@ def run_sampler(
         if checkpoint is not None:
             path_, every, seconds_ = checkpoint
             fixed = {k: v for k, v in (settings or {}).items() if k not in ("compile", "num_processes", "init")}
-            identity = dict(fixed, data=digest(x, potential.y), start=digest(z0), structure=structure(model))
-            run_checkpoint = RunCheckpoint(path_, name, identity, every, seconds_)
+            run_checkpoint = RunCheckpoint.of_run(path_, name, fixed, model, (x, potential.y), z0, every, seconds_)
         start = time.perf_counter()
         # the positions are unconstrained and mapped into each support, so distribution argument
         # checks (Pyro's validation) cannot fail here except on a non-finite step, which the

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from pyrobnn.infer.checkpoints import RunCheckpoint, digest
+from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.moved import data_then_keywords
-from pyrobnn.infer.posterior import Posterior, structure
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.validation import check_positive_int, check_positive_number, check_samplable, validate_training_data
@@ -313,9 +313,9 @@ def deep_ensemble(
         def run_checkpoint(rows, suffix=""):
             if checkpoint is None:
                 return None
-            identity = dict(options, data=digest(x, y_checked, x_val, y_val), start=digest(rows), structure=structure(model))
             path = os.fspath(checkpoint) + suffix
-            return RunCheckpoint(path, "deep ensemble", identity, checkpoint_every, checkpoint_seconds)
+            return RunCheckpoint.of_run(path, "deep ensemble", options, model, (x, y_checked, x_val, y_val), rows, checkpoint_every,
+                                        checkpoint_seconds)
 
         if num_processes == 1:
             z, stats, history = train_members(

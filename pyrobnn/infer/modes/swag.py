@@ -32,9 +32,9 @@ from tqdm.auto import tqdm
 
 from pyrobnn.infer.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
-from pyrobnn.infer.checkpoints import RunCheckpoint, digest
+from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint
-from pyrobnn.infer.posterior import Posterior, structure
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
 
@@ -200,8 +200,7 @@ def swag(
         snapshots, epoch_losses, first_epoch = [], [], 0
         run = None
         if checkpoint is not None:
-            identity = dict(settings_given, data=digest(x, y), start=digest(z), structure=structure(model))
-            run = RunCheckpoint(os.fspath(checkpoint), "SWAG", identity, checkpoint_every, checkpoint_seconds)
+            run = RunCheckpoint.of_run(os.fspath(checkpoint), "SWAG", settings_given, model, (x, y), z, checkpoint_every, checkpoint_seconds)
             saved = run.load()
             if saved is not None:
                 z.data = saved["z"].to(z.device)

@@ -37,18 +37,28 @@ from pyrobnn.infer.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import member_initializations
 from pyrobnn.infer.mcmc.runner import initial_positions
 from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_step, sgld_step
-from pyrobnn.infer.checkpoints import RunCheckpoint, digest
+from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint_grad
-from pyrobnn.infer.posterior import Posterior, structure
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
 
-__all__ = ["sgld", "sghmc", "AUTO_STEP"]
+__all__ = ["sgld", "sghmc", "chain_starts", "AUTO_STEP"]
 
 #: ``step_size="auto"``: this constant over the largest curvature at the start (SGLD's step,
 #: SGHMC's learning rate); a tenth of SGLD's stability limit on a Gaussian, so that the
 #: discretization bias is a few percent there (1 / (1 - eps lambda / 4))
 AUTO_STEP = 0.1
+
+
+def chain_starts(model, potential, init, num_chains, seed, generator):
+    """The stochastic-gradient samplers' starting points ``(chains, dim)``: without ``init``,
+    ``num_chains`` re-initializations of the network under seeds ``seed + k`` (as deep-ensemble
+    members start); else the positions ``init`` gives (:func:`initial_positions`)."""
+    if init is None:
+        check_positive_int("num_chains", num_chains)
+        return member_initializations(model, potential, num_chains, seed)
+    return initial_positions(potential, init, num_chains, 2.0, generator)
 
 
 def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
@@ -82,11 +92,7 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
         potential = FlatPotential(model, x, y)
         y = potential.y
         generator = torch.Generator(device=model.device).manual_seed(seed)
-        if init is None:
-            check_positive_int("num_chains", num_chains)
-            z = member_initializations(model, potential, num_chains, seed)
-        else:
-            z = initial_positions(potential, init, num_chains, 2.0, generator)
+        z = chain_starts(model, potential, init, num_chains, seed, generator)
         if step_size == "auto":
             step_size = AUTO_STEP / float(largest_curvature(potential, z, generator=generator).max())
         v = torch.zeros_like(z)
@@ -97,8 +103,8 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
         draws, steps_kept, first = [], [], 0
         run = None
         if checkpoint is not None:
-            identity = dict(settings_given, data=digest(x, y), start=digest(z), structure=structure(model))
-            run = RunCheckpoint(os.fspath(checkpoint), kind.upper(), identity, checkpoint_every, checkpoint_seconds)
+            run = RunCheckpoint.of_run(os.fspath(checkpoint), kind.upper(), settings_given, model, (x, y), z, checkpoint_every,
+                                       checkpoint_seconds)
             saved = run.load()
             if saved is not None:
                 z, v = saved["z"].to(z.device), saved["v"].to(z.device)

@@ -11,12 +11,11 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from pyrobnn.infer.checkpoints import RunCheckpoint, digest
-from pyrobnn.infer.mcmc.runner import initial_positions
+from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
-from pyrobnn.infer.modes.ensemble import member_initializations
-from pyrobnn.infer.posterior import Posterior, structure
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.sgmcmc.samplers import chain_starts
 from pyrobnn.infer.sgmcmc.smile_kernel import SMILESettings, SMILEState, smile_init, smile_step
 from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
 
@@ -102,11 +101,7 @@ def smile(
         potential = FlatPotential(model, x, y)
         y = potential.y
         generator = torch.Generator(device=model.device).manual_seed(seed)
-        if init is None:
-            check_positive_int("num_chains", num_chains)
-            z = member_initializations(model, potential, num_chains, seed)
-        else:
-            z = initial_positions(potential, init, num_chains, 2.0, generator)
+        z = chain_starts(model, potential, init, num_chains, seed, generator)
         loop = MinibatchLoop(n, batch_size, seed, x.device)
 
         chains = z.shape[0]
@@ -120,8 +115,7 @@ def smile(
         run = None
         saved = None
         if checkpoint is not None:
-            identity = dict(settings_given, data=digest(x, y), start=digest(z), structure=structure(model))
-            run = RunCheckpoint(os.fspath(checkpoint), "SMILE", identity, checkpoint_every, checkpoint_seconds)
+            run = RunCheckpoint.of_run(os.fspath(checkpoint), "SMILE", settings_given, model, (x, y), z, checkpoint_every, checkpoint_seconds)
             saved = run.load()
         if saved is not None:
             state = SMILEState.from_state_dict(saved["state"], z.device)
