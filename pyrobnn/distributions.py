@@ -138,7 +138,8 @@ class LogUniform(TorchDistribution):
 
     :param batch_shape: shape of the weight tensor.
     :param sample_range: magnitudes between which ``sample()`` draws.
-    :param dtype, device: of the samples.
+    :param dtype: of the samples.
+    :param device: see ``dtype``.
     """
 
     arg_constraints: dict = {}

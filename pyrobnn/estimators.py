@@ -352,6 +352,7 @@ class PerExampleWeights(Estimator):
         return out.reshape((n, weights.shape[1]) + out.shape[2:])
 
 
+#: the estimators ``fit(..., estimator=name)`` accepts, by name
 ESTIMATORS = {"local": LocalReparameterization, "flipout": Flipout, "per_example": PerExampleWeights}
 
 

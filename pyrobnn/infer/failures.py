@@ -12,7 +12,7 @@ __all__ = ["NonFiniteLossError", "InvalidBatchError", "StepFailures", "skips_on_
 
 class NonFiniteLossError(FloatingPointError):
     """The loss or its gradient was NaN or infinite. No update from the failed step on was
-    applied; :attr:`step` and :attr:`epoch` say where, and the message says whether the
+    applied; ``step`` and ``epoch`` say where, and the message says whether the
     parameters themselves are finite."""
 
     def __init__(self, message, step: int, epoch: int):
@@ -24,7 +24,7 @@ class NonFiniteLossError(FloatingPointError):
 class InvalidBatchError(ValueError):
     """A training batch held NaN or infinite values or targets the likelihood refuses, found on
     the device without stopping the step; no update from that step on was applied.
-    :attr:`step` and :attr:`epoch` say where."""
+    ``step`` and ``epoch`` say where."""
 
     def __init__(self, message, step: int, epoch: int):
         super().__init__(message)
@@ -35,7 +35,7 @@ class InvalidBatchError(ValueError):
 class StepFailures:
     """The first failed training step since the last check, recorded on the device without a
     host synchronization: a batch with bad values, a non-finite loss, or a non-finite gradient.
-    :attr:`failed` is a 0-d boolean tensor that a fused optimizer takes as ``found_inf`` (the
+    ``failed`` is a 0-d boolean tensor that a fused optimizer takes as ``found_inf`` (the
     update is skipped, and so is every later one until :meth:`raise_if_any`), so the parameters
     stay those from before the first failed step."""
 

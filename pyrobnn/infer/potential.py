@@ -13,7 +13,7 @@ __all__ = ["FlatPotential"]
 class FlatPotential:
     r"""Potential energy :math:`U(z) = -\log p(y \mid x, w) - \log p(w) - \log|J|` of a
     :class:`~pyrobnn.models.BayesianModel` on a flat unconstrained vector ``z``, for a batch of
-    chains at once: ``z`` has shape ``(chains, dim)`` and :meth:`__call__` returns one energy per
+    chains at once: ``z`` has shape ``(chains, dim)`` and calling it returns one energy per
     chain from a single vmapped pass of the network over all chains.
 
     The latent sites are the model's weight sites (real-valued) and its likelihood's latent
@@ -23,8 +23,9 @@ class FlatPotential:
     constants they currently are. This evaluates the same density as Pyro's ``NUTS(model)``
     would trace, without tracing: the test suite checks the two against each other.
 
-    :param x, y: the data (all of it: no minibatch scaling); ``None`` for a potential whose
+    :param x: the data (all of it: no minibatch scaling); ``None`` for a potential whose
         callers pass every batch to :meth:`log_joint_terms` (minibatch training).
+    :param y: see ``x``.
     """
 
     def __init__(self, model, x=None, y=None):

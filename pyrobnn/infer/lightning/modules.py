@@ -107,13 +107,18 @@ class SVIModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModule):
 
     :param dataset_size: ``N``; default the length of the training ``DataLoader``'s data set
         (a ``DistributedSampler`` leaves that the full data set).
-    :param lr, optimizer: Adam with learning rate ``lr`` (fused where the parameters allow),
+    :param lr: Adam with learning rate ``lr`` (fused where the parameters allow),
         or ``optimizer(params)``; a picklable function for ``strategy="ddp_spawn"``.
-    :param elbo, num_particles, kl_annealing, estimator, compile: as in
+    :param optimizer: see ``lr``.
+    :param elbo: as in
         :class:`~pyrobnn.infer.svi.trainer.SVITrainer` (the KL annealing's epoch is Lightning's).
+    :param num_particles: see ``elbo``.
+    :param kl_annealing: see ``elbo``.
+    :param estimator: see ``elbo``.
+    :param compile: see ``elbo``.
 
     A non-finite loss or gradient is skipped and reported as in :func:`pyrobnn.fit` (see
-    :class:`_SkipsNonFiniteSteps`).
+    ``_SkipsNonFiniteSteps``).
 
     The network's random weights only initialize the guide and are never trained by SVI; so
     that DDP does not wait for gradients they never get, they do not require a gradient while
@@ -199,7 +204,9 @@ class EnsembleModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModul
     ``Predictive``, ArviZ, and as starting points of ``ensemble_sampling``).
 
     :param dataset_size: ``N``; default the length of the training ``DataLoader``'s data set.
-    :param lr, weight_decay, optimizer: AdamW, or ``optimizer(params)``.
+    :param lr: AdamW, or ``optimizer(params)``.
+    :param weight_decay: see ``lr``.
+    :param optimizer: see ``lr``.
     """
 
     def __init__(

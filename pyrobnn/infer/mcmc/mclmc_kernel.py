@@ -218,8 +218,9 @@ class MCLMCAdaptation:
     3 keeps its positions for their autocorrelation, so a run resumes only at its ends
     (:meth:`resumable_after`).
 
-    :param step_size, L: initial values, per chain or scalars (default BlackJAX's,
+    :param step_size: initial values, per chain or scalars (default BlackJAX's,
         ``sqrt(d) / 4`` and ``sqrt(d)``; :func:`pyrobnn.infer.mcmc.samplers.mclmc` passes MILE's).
+    :param L: see ``step_size``.
     :param energy_variance: target variance of the energy error per dimension, a number or a
         ``(start, end)`` pair scheduled linearly over phase 1 (MILE: ``(0.5, 0.1)``).
     """
@@ -257,7 +258,7 @@ class MCLMCAdaptation:
         return self.start_var + (self.end_var - self.start_var) * min(t / (self.n1 - 1), 1.0)
 
     def update(self, t: int, state: MCLMCState, d_energy, finite) -> None:
-        """After warm-up step ``t`` (0-based, below :attr:`num_steps`) to ``state``."""
+        """After warm-up step ``t`` (0-based, below ``num_steps``) to ``state``."""
         tuning = self.tuning
         if t < self.adapt_end:  # phases 1 and 2: tune the step size, and in phase 2 gather moments
             tuning.step_size = self.adapter.update(tuning.step_size, d_energy, finite, self.dim, self._scheduled_variance(t))

@@ -205,7 +205,7 @@ def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: 
 
     :param step_size: ``(C,)``.
     :param inv_mass: diagonal inverse mass matrices, ``(C, D)``.
-    :param double: :func:`_double` bound to ``potential``, possibly compiled; default the eager one.
+    :param double: ``_double`` bound to ``potential``, possibly compiled; default the eager one.
     :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of the same potential: the
         transition runs there instead (each chain's tree built on its own), on the same random
         numbers.
@@ -412,7 +412,7 @@ def sample_nuts(
 
     :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``: every
         transition runs in its native code (``compile`` is then not used).
-    :param compile: compile each trajectory doubling (:func:`_double`: the subtree's leapfrog
+    :param compile: compile each trajectory doubling (``_double``: the subtree's leapfrog
         steps with the potential's gradient inside a ``torch.while_loop``, the U-turn checks and
         the merge) with ``torch.compile`` and Inductor's C++ wrapper, so that the loop over
         leaves runs in compiled code: one call and one host sync per doubling, not per leaf.

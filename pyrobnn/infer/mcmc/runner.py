@@ -37,15 +37,16 @@ def run_sampler(
     model, x, y, run, name, init, num_chains, init_radius, seed, compile, evaluations, bound=False, settings=None, checkpoint=None,
 ) -> Posterior:
     """What the model-level samplers share: check the model and data, build the potential and
-    the starting positions, let the budget pick the path (:func:`~pyrobnn.infer.budget.choose_path`,
+    the starting positions, let the budget pick the path (:func:`~pyrobnn.infer.mcmc.budget.choose_path`,
     for ``evaluations`` gradient evaluations per chain), run ``run(potential_fn, z0, generator,
     path, run_checkpoint)`` without gradients (a failed ``torch.compile`` falls back to eager code
     with a warning), and unpack the draws ``(chains, draws, dim)`` into sites, with the potential
     at every draw and the path in the stats.
 
     :param checkpoint: ``(path, every, seconds)`` or ``None``: the run's
-    :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`, whose identity is the sampler, its
-    ``settings``, the data, the starting positions and the model's structure."""
+        :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`, whose identity is the sampler, its
+        ``settings``, the data, the starting positions and the model's structure.
+    """
     check_samplable(model)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)

@@ -251,9 +251,10 @@ def deep_ensemble(
 ) -> EnsemblePosterior:
     """A deep ensemble of ``num_members`` members of ``model`` trained on ``(x, y)``.
 
-    :param x_val, y_val: validation data for early stopping; or ``validation``, the fraction of
+    :param x_val: validation data for early stopping; or ``validation``, the fraction of
         ``(x, y)`` to hold out for it (a seeded random subset); with neither, members train for
         ``max_epochs``.
+    :param y_val: see ``x_val``.
     :param objective: ``"map"`` (log joint: the model's prior and likelihood) or
         ``"likelihood"`` (the likelihood alone); see the module docstring.
     :param weight_decay: AdamW's decoupled weight decay (MILE: ``1e-3`` with

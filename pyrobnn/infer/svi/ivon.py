@@ -143,7 +143,8 @@ def ivon(
     guide): its prior and log-Jacobian enter the loss, divided by :math:`\lambda`, with no weight
     decay. The history's ``kl`` is the weights' KL to their prior.
 
-    :param epochs, batch_size: passes over the data and the minibatch size.
+    :param epochs: passes over the data and the minibatch size.
+    :param batch_size: see ``epochs``.
     :param lr: the learning rate :math:`\alpha / (h_0 + \delta)` (the reference's default 0.1).
     :param hess_init: :math:`h_0`, the initial Hessian estimate (the posterior's initial
         standard deviation is :math:`1/\sqrt{\lambda (h_0 + \delta)}`).
@@ -153,11 +154,12 @@ def ivon(
     :param clip_radius: elementwise bound on the preconditioned direction
         :math:`(g/(1-\beta_1^t) + \delta (m - \mu_0))/(h + \delta)` (the reference's option).
     :param mc_samples: weight draws per step, their estimates averaged.
-    :param warmup, schedule: the learning rate ramps up linearly over the first ``warmup``
+    :param warmup: the learning rate ramps up linearly over the first ``warmup``
         fraction of the steps, then stays (``"constant"``) or decays to zero along a cosine
         (``"cosine"``), as in the paper's experiments. Without the ramp, the first steps on a
         regression with a small noise scale overshoot (the Hessian estimate starts at
         ``hess_init``, far below the likelihood's curvature) and the fit may not recover.
+    :param schedule: see ``warmup``.
     """
     for name, value in (("epochs", epochs), ("batch_size", batch_size), ("mc_samples", mc_samples)):
         check_positive_int(name, value)

@@ -17,7 +17,7 @@ __all__ = ["SVIObjective", "make_estimator", "trainable_parameters"]
 
 
 def make_estimator(estimator):
-    """``None``, a name in :data:`pyrobnn.estimators.ESTIMATORS` or an :class:`Estimator`."""
+    """``None``, a name in ``pyrobnn.estimators.ESTIMATORS`` or an :class:`Estimator`."""
     if estimator is None or isinstance(estimator, Estimator):
         return estimator
     if estimator in ESTIMATORS:

@@ -357,7 +357,8 @@ class SVITrainer:
     ) -> History:
         """Train for ``epochs`` epochs in total (a resumed run continues to that count).
 
-        :param x, y: the training data as tensors, or
+        :param x: the training data as tensors, or
+        :param y: see ``x``.
         :param loader: a ``DataLoader`` yielding ``(x, y)``.
         :param batch_size: minibatch size for tensors (default: the whole data set).
         :param checkpoint: path of a checkpoint written every ``checkpoint_every`` epochs and
