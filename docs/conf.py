@@ -13,6 +13,12 @@ import warnings
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
 
+# The MNIST and UCI tutorials read the benchmark data folder: $PYROBNN_DATA, else the shared
+# folder beside the checkout (as the tests look for it)
+_shared = HERE.parent.parent / "shared" / "data"
+if "PYROBNN_DATA" not in os.environ and _shared.is_dir():
+    os.environ["PYROBNN_DATA"] = str(_shared)
+
 project = "pyrobnn"
 author = "the pyrobnn developers"
 copyright = "2026, the pyrobnn developers"

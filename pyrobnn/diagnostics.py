@@ -393,7 +393,7 @@ def _degenerate_verdict(out, drifting, threshold) -> str:
         if targets["integer_valued"]:
             what = "integer-valued"
         elif targets["lattice"]:
-            what = f"discrete ({targets['distinct']} values, {targets['min_gap']:.3g} apart: integers before standardizing)"
+            what = f"discrete ({targets['distinct']} values on a lattice {targets['min_gap']:.3g} apart, as integer targets are after standardizing)"
         else:
             what = "real-valued"
         cause += (

@@ -25,6 +25,7 @@ cost several passes over them. Non-finite parameters are caught by the training 
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -43,7 +44,35 @@ __all__ = [
     "BernoulliUnitNoise",
     "ConcreteUnitNoise",
     "GaussianUnitNoise",
+    "without_validation",
+    "unchecked_log_normal",
 ]
+
+
+def unchecked_log_normal(loc, scale):
+    """Pyro's ``LogNormal(loc, scale)`` built without torch's argument checks, for a scale that
+    is positive by construction: Pyro's constructor makes its base ``Normal`` with the default
+    checks, which read the scale back to the host (a synchronization per step on a GPU)."""
+    from pyro.distributions import LogNormal
+    from torch.distributions import TransformedDistribution
+    from torch.distributions.transforms import ExpTransform
+
+    out = LogNormal.__new__(LogNormal)
+    TransformedDistribution.__init__(out, Normal(loc, scale, validate_args=False), ExpTransform(), validate_args=False)
+    return out
+
+
+def without_validation(d):
+    """``d`` (a shallow copy) with torch's argument and sample checks off, its base
+    distributions' included (Pyro's ``LogNormal`` passes no ``validate_args`` to its base
+    ``Normal``). For a distribution scored at every training step at values in its support by
+    construction (a draw of a LogNormal guide, scored under the LogNormal prior): each check
+    reads a value back to the host, a synchronization per step on a GPU."""
+    out = copy.copy(d)
+    out._validate_args = False
+    if hasattr(out, "base_dist"):
+        out.base_dist = without_validation(out.base_dist)
+    return out
 
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)

@@ -6,7 +6,7 @@ import contextlib
 import ctypes
 import ctypes.util
 
-__all__ = ["tune_cpu_allocator", "raised_recompile_limits"]
+__all__ = ["tune_cpu_allocator", "raised_recompile_limits", "compiled"]
 
 
 def raised_recompile_limits(enabled: bool = True):
@@ -22,6 +22,28 @@ def raised_recompile_limits(enabled: bool = True):
 
     names = {"recompile_limit": 4096, "cache_size_limit": 4096, "accumulated_recompile_limit": 65536, "accumulated_cache_size_limit": 65536}
     return torch._dynamo.config.patch(**{k: v for k, v in names.items() if hasattr(torch._dynamo.config, k)})
+
+def compiled(fn, **options):
+    """``torch.compile(fn, **options)``, with torch's C++ build helpers imported first and quietly.
+
+    Inductor imports ``torch.utils.cpp_extension`` the first time it builds a kernel, and that
+    import logs "No CUDA runtime is found, using CUDA_HOME=..." on a machine that has the CUDA
+    toolkit but no GPU: true, but nothing for a user compiling CPU code to act on. The message
+    is logged once, at import, so importing the module here with its logger raised to ERROR
+    silences that message alone."""
+    import logging
+
+    import torch
+
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        logger.setLevel(level)
+    return torch.compile(fn, **options)
+
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 

@@ -29,7 +29,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer import Trace_ELBO
 from torch import nn
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
 from pyrobnn.infer.svi.history import History
 from pyrobnn.io import atomic_save, safe_load

@@ -231,6 +231,7 @@ def check_samplable(model):
     and SWAG move latent sites only."""
     if any(True for _ in model.likelihood.parameters()):
         raise ValueError(
-            "MCMC samples latent sites only: give the likelihood a fixed noise scale or a prior "
-            "(GaussianLikelihood(scale=0.1) or scale=dist.LogNormal(...)), not scale='learned'"
+            "the samplers, deep ensembles, Laplace and SWAG move latent sites only: give the likelihood a "
+            "fixed noise scale or a prior (GaussianLikelihood(scale=0.1) or scale=dist.LogNormal(...)), "
+            "not scale='learned'"
         )

@@ -1,4 +1,4 @@
-"""docs/results.json is the machine-readable copy of docs/results.md: a list of objects with
+"""docs/results.json is the machine-readable copy of docs/logs/reproductions.md: a list of objects with
 ``name``, ``metric``, ``value``, ``published`` and ``command``. These tests keep it well formed
 and keep its commands runnable: each names an example that exists, with options its parser
 still accepts (a renamed flag would otherwise leave the docs pointing at a dead command)."""

@@ -101,13 +101,13 @@ def test_ensemble_initialized_chains_start_at_the_members():
     members = potential.unpack(start)
     for name, v in ensemble.samples.items():
         torch.testing.assert_close(members[name], v[:, 0], rtol=0, atol=0)
-    result = ensemble_sampling(model, x, y, ensemble, "mclmc", num_samples=40, num_warmup=(40, 10, 10), thinning=2, compile=False, progress=False)
+    result = ensemble_sampling(model, x, y, ensemble=ensemble, sampler="mclmc", num_samples=40, num_warmup=(40, 10, 10), thinning=2, compile=False, progress=False)
     assert result.num_chains == 3 and result.num_draws == 20
     assert result.stats["energy"].shape == (3, 20)
-    nuts_result = ensemble_sampling(model, x, y, ensemble, "nuts", num_samples=5, num_warmup=0, max_tree_depth=3, compile=False, progress=False)
+    nuts_result = ensemble_sampling(model, x, y, ensemble=ensemble, sampler="nuts", num_samples=5, num_warmup=0, max_tree_depth=3, compile=False, progress=False)
     assert nuts_result.num_chains == 3
     with pytest.raises(ValueError, match="sampler"):
-        ensemble_sampling(model, x, y, ensemble, "hmc")
+        ensemble_sampling(model, x, y, ensemble=ensemble, sampler="hmc")
 
 
 def test_deep_ensemble_refuses_bad_arguments():
@@ -245,9 +245,9 @@ def test_a_degenerate_posterior_is_named_with_its_cause_not_called_unconverged(m
     torch.manual_seed(0)
     likelihood = pyrobnn.HeteroscedasticGaussianLikelihood(min_scale=min_scale, max_scale=1e6, link="exp")
     model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 2, hidden=(16, 16), activation="relu"), likelihood)
-    ensemble = deep_ensemble(model, x, y, 4, objective="likelihood", lr=1e-2, max_epochs=300, batch_size=None, seed=0, progress=False)
+    ensemble = deep_ensemble(model, x, y, num_members=4, objective="likelihood", lr=1e-2, max_epochs=300, batch_size=None, seed=0, progress=False)
     reference = pyrobnn.predict(model, ensemble, x_test, num_samples=None).log_likelihood(y_test)
-    result = ensemble_sampling(model, x, y, ensemble, "mclmc", num_samples=2000, num_warmup=(2000, 300, 300), thinning=10, seed=0, progress=False)
+    result = ensemble_sampling(model, x, y, ensemble=ensemble, sampler="mclmc", num_samples=2000, num_warmup=(2000, 300, 300), thinning=10, seed=0, progress=False)
     summary = diagnostics.within_chain_summary(model, result, x_test, y_test, x_train=x, y_train=y, reference_lppd=reference)
     assert summary["targets"]["lattice"] and summary["targets"]["repeated_share"] > 0.9
     if min_scale == 1e-6:

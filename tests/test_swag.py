@@ -71,6 +71,6 @@ def test_swag_warns_when_sgd_leaves_the_map():
     x = torch.randn(64, 1)
     y = torch.sin(2 * x) + 0.1 * torch.randn(64, 1)
     model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(16,)), pyrobnn.GaussianLikelihood(scale=0.1), pyrobnn.NormalPrior(1.0))
-    ensemble = pyrobnn.deep_ensemble(model, x, y, 1, max_epochs=300, lr=1e-2, batch_size=None, progress=False)
+    ensemble = pyrobnn.deep_ensemble(model, x, y, num_members=1, max_epochs=300, lr=1e-2, batch_size=None, progress=False)
     with pytest.warns(UserWarning, match="moved away from the MAP"):
         swag(model, x, y, num_epochs=5, lr=0.05, momentum=0.0, batch_size=64, rank=3, num_samples=5, map_estimate=ensemble, progress=False)

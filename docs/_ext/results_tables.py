@@ -37,7 +37,7 @@ def _number(value) -> str:
 
 
 def _spread(entry) -> str:
-    for key, word in (("se", "±"), ("std_over_seeds", "± sd")):
+    for key, word in (("se", "±"), ("standard_error", "±"), ("std_over_seeds", "± sd")):
         if isinstance(entry.get(key), (int, float)):
             return f" {word} {_number(entry[key])}"
     return ""

@@ -11,7 +11,7 @@ The reference is ensemble-initialized sampling by default (Sommer et al. 2024, 2
 ensemble (MAP under the model's prior) and one MCLMC chain started at each member
 (``reference="ensemble-mclmc"``), or one NUTS chain per member (``"ensemble-nuts"``); random-start
 NUTS (``"nuts"``) is still there, but on the UCI sets its chains do not agree within a run's budget
-(docs/compare.md). Ensemble-initialized chains are judged each on its own (within-chain R-hat on
+(docs/logs/compare.md). Ensemble-initialized chains are judged each on its own (within-chain R-hat on
 the test predictions and log density, :func:`pyrobnn.diagnostics.within_chain_summary`).
 
 Beside the variational methods and the deep ensemble, the methods built on that ensemble: the

@@ -12,7 +12,7 @@ import warnings
 
 import pyro
 import torch
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
 import pyrobnn
 from pyrobnn import metrics

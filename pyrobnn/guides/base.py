@@ -9,6 +9,7 @@ import pyro.distributions as dist
 import torch
 from torch import nn
 
+from pyrobnn.distributions import unchecked_log_normal, without_validation
 from pyrobnn.numerics import softplus
 from pyrobnn.params import call_substituted, pyro_params
 from pyrobnn.validation import check_same_placement
@@ -62,7 +63,8 @@ class WeightGuide(nn.Module):
         super().__init__()
         self.sites = model.sites
         self._site_by_name = {s.name: s for s in self.sites}
-        self.latent_priors = dict(model.likelihood.latent_sites())
+        # scored at the guide's draws, which lie in the support: unchecked, as the posterior is
+        self.latent_priors = {name: without_validation(p) for name, p in model.likelihood.latent_sites().items()}
         self.latent_loc = nn.ParameterDict()
         self.latent_rho = nn.ParameterDict()
         for name, prior in self.latent_priors.items():
@@ -94,8 +96,11 @@ class WeightGuide(nn.Module):
         return None
 
     def latent_posterior(self, name):
+        """The LogNormal posterior of a latent site (a noise scale), without torch's checks
+        (:func:`~pyrobnn.distributions.unchecked_log_normal`: its scale is positive by
+        construction, and a check would read a value back to the host at every step)."""
         key = site_key(name)
-        return dist.LogNormal(self.latent_loc[key], softplus(self.latent_rho[key]), validate_args=False)
+        return unchecked_log_normal(self.latent_loc[key], softplus(self.latent_rho[key]))
 
     # ------------------------------------------------------------------ derived
     def site_prior(self, site, like: torch.Tensor):

@@ -59,7 +59,7 @@ class VariationalDropout(WeightGuide):
         it; ``None`` (default) for the plain family. Molchanov et al.'s code trains with
         ``train_clip`` at the pruning threshold 3 (a detail of the code), and it matters: on
         MNIST LeNet-300-100 it gave 106.9x compression at 1.92% error against 58.8x at 1.83%
-        for the plain family (``docs/results.md``).
+        for the plain family (``docs/logs/reproductions.md``).
 
     Prune with :func:`pyrobnn.sparsity` (weights whose :math:`\log\alpha \ge 3`).
     """

@@ -16,7 +16,7 @@ from __future__ import annotations
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
 from pyrobnn.validation import check_positive_int
 

@@ -5,6 +5,7 @@ with DDP on CPUs and GPUs, its checkpoints, its progress bar and loggers."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional
 
 import lightning as L
@@ -20,6 +21,15 @@ from pyrobnn.infer.svi.trainer import default_optimizer
 from pyrobnn.validation import check_forward, check_positive_int, check_positive_number, check_same_placement, check_samplable
 
 __all__ = ["SVIModule", "EnsembleModule", "EndProcessGroup"]
+
+# Lightning 2.x flattens every training step's output with torch's LeafSpec, which torch 2.14
+# deprecates: a FutureWarning at each fit about Lightning's code, raised from Lightning's own
+# loop, which nobody fitting one of these modules can change. Matched by message, category and
+# the Lightning module that raises it, so the same deprecation elsewhere still shows.
+warnings.filterwarnings(
+    "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
+    module=r"lightning\.pytorch\.utilities\._pytree",
+)
 
 
 def _dataset_size(module, given):

@@ -33,7 +33,7 @@ from pyrobnn.infer.mcmc import native as native_kernels
 
 __all__ = ["ExecutionPath", "choose_path", "check_compile", "COMPILE_SECONDS", "EAGER_OVERHEAD_SECONDS", "COMPILED_SPEEDUP"]
 
-#: ``torch.compile``'s start-up per run, measured on the reference machine (docs/benchmarks.md:
+#: ``torch.compile``'s start-up per run, measured on the reference machine (docs/logs/benchmarks.md:
 #: 10-16 s for the NUTS doubling and the MCLMC step)
 COMPILE_SECONDS = {"NUTS": 15.0, "MCLMC": 12.0}
 #: the eager sampler's own work per gradient evaluation besides the potential (the leapfrog
@@ -45,7 +45,7 @@ COMPILED_SPEEDUP = 10.0
 #: multiply-adds per chain and evaluation (points x sum of in x out over the layers) from which
 #: MCLMC with at least LOCKSTEP_CHAINS chains runs faster in Inductor's batched matrix products
 #: than in the native per-chain loops: MILE's protocol on concrete (300k) took 176 s native on
-#: two threads against 96 s compiled on one; yacht (83k) is faster native (docs/benchmarks.md).
+#: two threads against 96 s compiled on one; yacht (83k) is faster native (docs/logs/benchmarks.md).
 #: NUTS stays native: its chains build trees of different lengths, which lockstep would pay for.
 LARGE_MACS, LOCKSTEP_CHAINS = 150_000, 8
 

@@ -62,9 +62,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
 from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
+from pyrobnn.runtime import compiled
 from pyrobnn.runtime import raised_recompile_limits
 
 __all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "esh_velocity_update", "unit_vector", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc", "MCLACHLAN_B1"]
@@ -162,7 +163,7 @@ class Stepper:
 
     def __init__(self, potential, generator, compile, native=None):
         fn = functools.partial(mclmc_step, potential)
-        self.fn = torch.compile(fn, dynamic=False) if compile and native is None else fn
+        self.fn = compiled(fn, dynamic=False) if compile and native is None else fn
         self.generator = generator
         self.native = native
 

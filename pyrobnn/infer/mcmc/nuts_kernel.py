@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
-from pyrobnn.runtime import raised_recompile_limits
+from pyrobnn.runtime import compiled, raised_recompile_limits
 
 __all__ = [
     "NUTSState", "nuts_init", "nuts_step", "transition_uniforms", "find_step_size", "DualAveraging", "WelfordVariance", "warmup_windows",
@@ -417,7 +417,7 @@ def sample_nuts(
         the merge) with ``torch.compile`` and Inductor's C++ wrapper, so that the loop over
         leaves runs in compiled code: one call and one host sync per doubling, not per leaf.
         On a 1-50-1 network at 4 chains that is about 3x less time per leaf than a compiled
-        call per leaf, and a few seconds of compilation (``docs/benchmarks.md``).
+        call per leaf, and a few seconds of compilation (``docs/logs/benchmarks.md``).
     :param checkpoint: a :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`: the run starts
         from its saved state if there is one, and writes its state (the chains, the warm-up's
         adaptation, the random generator, the draws so far) when due and at the end."""
@@ -425,7 +425,7 @@ def sample_nuts(
     if native is not None:
         double, compile = None, False
     elif compile:
-        double = torch.compile(functools.partial(_double, potential, torch.while_loop), dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
+        double = compiled(functools.partial(_double, potential, torch.while_loop), dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
     else:
         double = functools.partial(_double, potential, _eager_while_loop)
     state = nuts_init(potential, z_init)

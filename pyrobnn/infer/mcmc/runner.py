@@ -57,6 +57,7 @@ def run_sampler(
         potential = FlatPotential(model, x, y)
         generator = torch.Generator(device=model.device).manual_seed(seed)
         z0 = initial_positions(potential, init, num_chains, init_radius, generator)
+        settings = with_chain_count(settings, z0.shape[0])
         run_checkpoint = None
         if checkpoint is not None:
             path_, every, seconds_ = checkpoint
@@ -75,7 +76,10 @@ def run_sampler(
                 try:
                     draws, stats = run(potential.value_and_grad_functional, z0, generator, path, run_checkpoint)
                 except Exception as e:  # no C++ compiler, an unsupported operation, ...
-                    warnings.warn(f"{name} runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                    warnings.warn(
+                        f"{name} runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                        "pass compile=False to run eagerly without the attempt", stacklevel=3,
+                    )
                     path = ExecutionPath("eager", f"torch.compile failed ({type(e).__name__}); {path.reason}")
                     generator.manual_seed(seed)
                     z0 = initial_positions(potential, init, num_chains, init_radius, generator)
@@ -91,7 +95,16 @@ def run_sampler(
         model.train(was_training)
         if path is not None and path.native is not None:
             path.native.close()
-    return Posterior(samples, stats, seconds, label(name, init), "mcmc", settings or {}, model)
+    return Posterior(samples, stats, seconds, label(name, init), "mcmc", settings, model)
+
+
+def with_chain_count(settings, chains: int) -> dict:
+    """``settings`` recording the chains that ran: with ``init`` (an ensemble, a tensor of starts)
+    their number is ``init``'s, not the ``num_chains`` argument's."""
+    settings = dict(settings or {})
+    if "num_chains" in settings:
+        settings["num_chains"] = chains
+    return settings
 
 
 def run_in_process_groups(
@@ -125,7 +138,7 @@ def run_in_process_groups(
     seconds = time.perf_counter() - start
     samples = concat_rows([r.samples for r in results])
     stats = concat_rows([r.stats for r in results])
-    return Posterior(samples, stats, seconds, label(name, init), "mcmc", settings or {}, model)
+    return Posterior(samples, stats, seconds, label(name, init), "mcmc", with_chain_count(settings, z0.shape[0]), model)
 
 
 def initial_positions(potential, init, num_chains, init_radius, generator):

@@ -28,7 +28,9 @@ categorical likelihood. Other priors have no Gaussian precision to hand over and
 
 from __future__ import annotations
 
+import contextlib
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -214,6 +216,24 @@ def _map_values(model, map_estimate, x, y, seed, map_options):
     raise TypeError(f"map_estimate must be an EnsemblePosterior or a dict of site values, got {type(map_estimate).__name__}")
 
 
+@contextlib.contextmanager
+def laplace_torch_quiet():
+    """Silence, while laplace-torch works for us, the two warnings it raises that no user of
+    :func:`laplace` can act on (each matched by its message and category, nothing else):
+
+    - its curvature backends (asdfghjkl, loaded lazily at import and at the first fit) decorate
+      functions with ``torch.jit.script``, which torch 2.14 deprecates (a FutureWarning about
+      laplace-torch's code);
+    - for a classifier, ``optimize_prior_precision`` reminds its caller that laplace-torch's own
+      predictive defaults to the probit link; the marginal likelihood uses no link, and the
+      predictive here is ours (:meth:`LaplacePosterior.predict`).
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r"By default `link_approx` is `probit`", category=UserWarning)
+        yield
+
+
 def laplace(
     model,
     x,
@@ -252,7 +272,8 @@ def laplace(
     kind = _check_model(model)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)
-    from laplace import Laplace  # imported on use: laplace-torch loads its curvature backends on import (seconds)
+    with laplace_torch_quiet():
+        from laplace import Laplace  # imported on use: laplace-torch loads its curvature backends (seconds)
 
     start = time.perf_counter()
     values = _map_values(model, map_estimate, x, y, seed, map_options)
@@ -288,10 +309,11 @@ def laplace(
     if kind == "regression":
         noise = values[latents[0]] if latents else model.likelihood.scale()
         kwargs["sigma_noise"] = float(noise.detach())
-    la = Laplace(net, kind, subset_of_weights=subset, hessian_structure=hessian, prior_precision=precisions.clone(), **kwargs)
-    la.fit(DataLoader(TensorDataset(x, y), batch_size=batch_size))
-    if tune_prior:
-        la.optimize_prior_precision(method="marglik", pred_type="glm", init_prior_prec=precisions.clone(), prior_structure=structure)
+    with laplace_torch_quiet():
+        la = Laplace(net, kind, subset_of_weights=subset, hessian_structure=hessian, prior_precision=precisions.clone(), **kwargs)
+        la.fit(DataLoader(TensorDataset(x, y), batch_size=batch_size))
+        if tune_prior:
+            la.optimize_prior_precision(method="marglik", pred_type="glm", init_prior_prec=precisions.clone(), prior_structure=structure)
     generator = torch.Generator(device=model.device).manual_seed(seed)
     with torch.no_grad():
         draws = la.sample(num_samples, generator=generator)

@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
 from pyrobnn.infer.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble

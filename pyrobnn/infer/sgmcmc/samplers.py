@@ -31,7 +31,7 @@ import os
 import time
 
 import torch
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
 from pyrobnn.infer.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import member_initializations

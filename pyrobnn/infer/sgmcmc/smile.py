@@ -9,7 +9,7 @@ import os
 import time
 
 import torch
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
 from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
@@ -48,7 +48,7 @@ def smile(
     :param precondition: scale each coordinate by the spread of its minibatch gradients (pSMILE).
         A coordinate whose gradient barely varies (a weight into a dead ReLU unit) then takes
         steps thousands of times longer than the others. On MILE's UCI protocol this went with
-        half the chains diverging (``docs/results.md``), which ``precondition=False`` avoided.
+        half the chains diverging (``docs/logs/reproductions.md``), which ``precondition=False`` avoided.
     :param tune: adapt the step size by the energy-error tuner while warming up (SMILET). Off by
         default, as in the paper's UCI and LeNet runs: the tuner is relative and drifts the step
         down over long warm-ups (:mod:`pyrobnn.infer.sgmcmc.smile_kernel` says why).

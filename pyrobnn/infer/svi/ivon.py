@@ -42,7 +42,7 @@ import math
 import time
 
 import torch
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
 from pyrobnn.distributions import ScalarNormal
 from pyrobnn.guides.base import inverse_softplus, site_key

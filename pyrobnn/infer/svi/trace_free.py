@@ -21,6 +21,7 @@ from torch.distributions import kl_divergence
 
 from pyrobnn.distributions import UnitNoiseWeights
 from pyrobnn.estimators import SUPPORTED_LAYERS, Estimator, Factor, unit_noise_shape
+from pyrobnn.runtime import compiled
 from pyrobnn.guides.base import WeightGuide
 from pyrobnn.infer.svi.elbo import ELBOTerms
 from pyrobnn.kl import base_distribution, kl_method
@@ -113,7 +114,7 @@ class TraceFreeELBO:
         for fn, members in groups.items():
             if self.compile:
                 if fn not in self._compiled:
-                    self._compiled[fn] = torch.compile(_map_over_sites(fn), dynamic=True)
+                    self._compiled[fn] = compiled(_map_over_sites(fn), dynamic=True)
                 results = self._compiled[fn]([args for _, args in members])
             else:
                 results = [fn(*args) for _, args in members]

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import pyro
 import torch
-from tqdm.auto import tqdm
+from pyrobnn.progress import tqdm
 
 from pyrobnn.infer.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
 from pyrobnn.infer.svi.history import History
@@ -304,7 +304,8 @@ class SVITrainer:
             warnings.warn(
                 f"the state holds the random generators of {len(cuda_rng)} GPUs and this process sees "
                 f"{visible}: they are not restored, so training goes on but does not repeat the "
-                "uninterrupted run's random draws",
+                "uninterrupted run's random draws; resume in a process that sees as many GPUs "
+                "(CUDA_VISIBLE_DEVICES) to repeat them",
                 stacklevel=2,
             )
             cuda_rng = None

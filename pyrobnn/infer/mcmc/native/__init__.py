@@ -14,7 +14,7 @@ releases the GIL during a call).
 **Why by hand.** Per leapfrog step of the 1-50-1 benchmark network, ``torch.compile``'s kernel
 took 27-33 us for four chains, and compiling it took 10-16 s in every run and every spawned
 process, because Inductor's cache does not store graphs with a ``while_loop``
-(``docs/benchmarks.md``). This file compiles in about 2 s with the system's C++ compiler, for every
+(``docs/logs/benchmarks.md``). This file compiles in about 2 s with the system's C++ compiler, for every
 shape, chain count and data set at once, and the library is kept in the user's cache folder:
 a machine compiles it once.
 

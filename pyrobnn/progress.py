@@ -1,0 +1,14 @@
+"""The progress bar of every long loop: tqdm's, a widget in Jupyter where ipywidgets is
+installed and text elsewhere."""
+
+import warnings
+
+from tqdm import TqdmWarning
+
+with warnings.catch_warnings():
+    # In a notebook without ipywidgets, importing tqdm.auto warns "IProgress not found" and falls
+    # back to the text bar, which works: the user asked for no widget and needs to change nothing.
+    warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
+    from tqdm.auto import tqdm
+
+__all__ = ["tqdm"]
