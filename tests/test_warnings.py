@@ -14,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 SCRIPT = textwrap.dedent(
     """
@@ -47,6 +49,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fresh interpreter importing laplace-torch and Lightning: about 30 s
 def test_public_api_shows_no_third_party_warning(tmp_path):
     env = dict(os.environ, PYROBNN_CACHE=str(tmp_path / "cache"), PYTHONWARNINGS="always")
     out = subprocess.run([sys.executable, "-W", "always", "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)

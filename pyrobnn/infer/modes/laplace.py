@@ -148,7 +148,11 @@ class LaplacePosterior(Posterior):
         chosen = slice(None) if draws is None else draws
         tangents = {n: self.samples[n][0, chosen] - self.map_values[n] for n in self.covered_names}
         outputs = []
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch's forward-mode AD loads its JVP decompositions on first use through
+            # torch.jit.script, which torch 2.14 itself deprecates: a FutureWarning about torch's
+            # internals, raised by the jvp below on our behalf
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
             for i in range(0, x.shape[0], batch_size):
                 xb = x[i : i + batch_size]
 
