@@ -6,6 +6,7 @@ with :func:`fit` or ``pyro.infer.SVI``; predict with :func:`predict` or
 ``pyro.infer.Predictive``.
 """
 
+from pyrobnn import progress  # first: Pyro imports tqdm.auto too (pyrobnn.progress says why)
 from pyrobnn import kl  # registers the KL divergences with torch
 from pyrobnn import runtime
 from pyrobnn.estimators import flipout, local_reparameterization, per_example_weights

@@ -1,14 +1,12 @@
-"""Plots of predictive distributions (matplotlib, headless)."""
+"""Plots of predictive distributions (matplotlib). The backend is the user's: inline in Jupyter,
+a window on a desktop, and matplotlib's own fallback (Agg) on a machine without a display."""
 
 from __future__ import annotations
 
 import os
 
-import matplotlib
-
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
 __all__ = ["plot_regression_1d", "plot_reliability_diagram", "save_figure"]
 

@@ -1,5 +1,6 @@
 """The progress bar of every long loop: tqdm's, a widget in Jupyter where ipywidgets is
-installed and text elsewhere."""
+installed and text elsewhere. ``import pyrobnn`` imports this module before Pyro, whose
+``pyro.infer`` imports ``tqdm.auto`` as well, so that the one import of it is the quiet one."""
 
 import warnings
 
