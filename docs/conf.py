@@ -3,6 +3,7 @@
 Build it with ``python -m sphinx -W --keep-going -b html docs docs/_build/html`` (README.md).
 The tutorials in ``tutorials/`` are MyST notebooks that myst-nb executes during the build, in
 their quick setting unless ``PYROBNN_DOCS_FULL=1``; a cell that raises fails the build.
+``PYROBNN_DOCS_CACHE=1`` reuses the outputs of notebooks whose code did not change.
 """
 
 import os
@@ -44,8 +45,10 @@ source_suffix = {".rst": "restructuredtext", ".md": "myst-nb"}
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
 
-# Tutorials are executed at every build; jupyter-cache skips a notebook whose code is unchanged.
-nb_execution_mode = "cache"
+# Tutorials are executed at every build, so that their outputs are those of the library as it is
+# (jupyter-cache keys on a notebook's code alone, and would keep outputs the library no longer
+# gives); PYROBNN_DOCS_CACHE=1 reuses them while editing prose.
+nb_execution_mode = "cache" if os.environ.get("PYROBNN_DOCS_CACHE") == "1" else "force"
 nb_execution_cache_path = str(HERE / "_build" / ".jupyter_cache")
 nb_execution_timeout = 900
 nb_execution_raise_on_error = True

@@ -1,7 +1,7 @@
 """Distributions over network weights that Pyro and torch do not ship.
 
 Priors
-    :class:`LogUniform`          improper, scale-invariant p(w) proportional to 1/|w|
+    :class:`LogUniform`          improper, scale-invariant p(w) proportional to 1/``|w|``
     :class:`ScaleMixtureNormal`  pi N(0, s1^2) + (1 - pi) N(0, s2^2) (Blundell et al. 2015)
     :class:`ARDNormal`           N(0, lambda) with a per-weight variance (automatic relevance determination)
 

@@ -5,14 +5,14 @@ batch shape is the parameter's shape (the model adds ``.to_event``). Priors that
 hyperparameters (:class:`ARDPrior`) create them through :meth:`Prior.init_parameters`; the
 model owns them as point parameters.
 
-================================  ==========================================  ==================
-prior                             distribution per weight                     KL vs Normal q
-================================  ==========================================  ==================
-``NormalPrior(s)``                N(0, s^2), or N(0, s^2 / fan_in)            exact
-``ScaleMixturePrior(pi, s1, s2)`` pi N(0, s1^2) + (1-pi) N(0, s2^2)           Monte Carlo only
-``LogUniformPrior()``             p(w) proportional to 1/|w| (improper)       Molchanov approx.
-``ARDPrior()``                    N(0, lambda_w), lambda at its EB optimum     exact at optimum
-================================  ==========================================  ==================
+=================================  ==========================================  ==================
+prior                              distribution per weight                     KL vs Normal q
+=================================  ==========================================  ==================
+``NormalPrior(s)``                 N(0, s^2), or N(0, s^2 / fan_in)            exact
+``ScaleMixturePrior(pi, s1, s2)``  pi N(0, s1^2) + (1-pi) N(0, s2^2)           Monte Carlo only
+``LogUniformPrior()``              p(w) proportional to 1/``|w|`` (improper)   Molchanov approx.
+``ARDPrior()``                     N(0, lambda_w), lambda at its EB optimum    exact at optimum
+=================================  ==========================================  ==================
 """
 
 from __future__ import annotations

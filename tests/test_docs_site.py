@@ -112,6 +112,21 @@ def test_screenshots_of_the_landing_page_and_a_tutorial(site, browser):
         tab.close()
 
 
+def test_executed_pages_show_no_warning():
+    """What a tutorial printed while the site was built is on the page: a warning there is one a
+    reader running the same code would see."""
+    if not (SITE / "index.html").is_file():
+        missing(f"no built site at {SITE}")
+    shown = []
+    for page in [SITE / "getting-started.html", *sorted((SITE / "tutorials").glob("*.html"))]:
+        text = page.read_text(encoding="utf-8")
+        for output in text.split('class="cell_output')[1:]:
+            chunk = output.split("</div>", 3)[:3]
+            if "Warning" in "".join(chunk):
+                shown.append(page.name)
+    assert not shown, f"warnings in the executed outputs of {sorted(set(shown))}"
+
+
 class _Links(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
