@@ -48,3 +48,17 @@ def test_commands_use_options_the_example_accepts(script):
         assert words[0] == "python", e["command"]
         for flag in (w.split("=")[0] for w in words[2:] if w.startswith("--")):
             assert re.search(rf"{re.escape(flag)}(?![\w-])", helptext), f"{script} no longer accepts {flag} (from {e['name']!r})"
+
+
+def test_every_entry_is_on_the_sites_results_page():
+    """docs/results.md renders its tables from docs/results.json (a ``results-table`` directive
+    selects entries by regular expressions on name and command): an entry no table selects would
+    be measured and never shown."""
+    page = (ROOT / "docs" / "results.md").read_text()
+    tables = []
+    for block in re.findall(r"```\{results-table\}\n(.*?)```", page, re.S):
+        options = dict(re.findall(r"^:(\w+):\s*(.*)$", block, re.M))
+        tables.append((re.compile(options.get("name", "")), re.compile(options.get("command", ""))))
+    assert tables, "docs/results.md has no results-table"
+    unshown = [e["name"] + " / " + e["metric"] for e in entries() if not any(n.search(e["name"]) and c.search(e["command"]) for n, c in tables)]
+    assert not unshown, f"entries of docs/results.json on no table of docs/results.md: {unshown}"
