@@ -29,8 +29,8 @@ import pyro.distributions as dist
 import torch
 from pyro.infer import Trace_ELBO
 from torch import nn
-from pyrobnn.progress import tqdm
 
+from pyrobnn.progress import tqdm
 from pyrobnn.infer.svi.history import History
 from pyrobnn.io import atomic_save, safe_load
 

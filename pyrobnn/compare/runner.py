@@ -12,8 +12,8 @@ import warnings
 
 import pyro
 import torch
-from pyrobnn.progress import tqdm
 
+from pyrobnn.progress import tqdm
 import pyrobnn
 from pyrobnn import metrics
 from pyrobnn.compare.methods import METHODS, REFERENCES, build_model, predict_on, settings

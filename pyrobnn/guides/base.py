@@ -51,8 +51,6 @@ class WeightGuide(nn.Module):
     #: prefix of the guide's Pyro ``param`` names; set another on one of two guides with the
     #: same parameter paths that are trained in alternation under ``JitTrace_ELBO`` (the JIT
     #: looks each name up in Pyro's store before a step)
-    #: prefix of the guide's Pyro ``param`` names; give a second guide another one to keep
-    #: their names apart in Pyro's parameter store (``JitTrace_ELBO`` looks names up there)
     pyro_prefix = "guide."
 
     #: the ELBO :func:`pyrobnn.fit` uses by default: "trace" (Monte Carlo KL, Pyro's

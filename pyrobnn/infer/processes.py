@@ -16,8 +16,8 @@ from __future__ import annotations
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
-from pyrobnn.progress import tqdm
 
+from pyrobnn.progress import tqdm
 from pyrobnn.validation import check_positive_int
 
 __all__ = ["run_in_processes", "split_rows", "concat_rows"]

@@ -62,11 +62,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-from pyrobnn.progress import tqdm
 
+from pyrobnn.progress import tqdm
 from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
-from pyrobnn.runtime import compiled
-from pyrobnn.runtime import raised_recompile_limits
+from pyrobnn.runtime import compiled, raised_recompile_limits
 
 __all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "esh_velocity_update", "unit_vector", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc", "MCLACHLAN_B1"]
 

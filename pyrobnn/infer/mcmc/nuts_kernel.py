@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from pyrobnn.progress import tqdm
 
+from pyrobnn.progress import tqdm
 from pyrobnn.runtime import compiled, raised_recompile_limits
 
 __all__ = [

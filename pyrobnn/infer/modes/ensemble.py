@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from pyrobnn.progress import tqdm
 
+from pyrobnn.progress import tqdm
 from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.moved import data_then_keywords

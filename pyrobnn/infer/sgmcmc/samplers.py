@@ -31,8 +31,8 @@ import os
 import time
 
 import torch
-from pyrobnn.progress import tqdm
 
+from pyrobnn.progress import tqdm
 from pyrobnn.infer.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import member_initializations
 from pyrobnn.infer.mcmc.runner import initial_positions

@@ -9,8 +9,8 @@ import os
 import time
 
 import torch
-from pyrobnn.progress import tqdm
 
+from pyrobnn.progress import tqdm
 from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
 from pyrobnn.infer.posterior import Posterior

@@ -42,8 +42,8 @@ import math
 import time
 
 import torch
-from pyrobnn.progress import tqdm
 
+from pyrobnn.progress import tqdm
 from pyrobnn.distributions import ScalarNormal
 from pyrobnn.guides.base import inverse_softplus, site_key
 from pyrobnn.guides.mean_field import MeanFieldNormal
