@@ -9,7 +9,6 @@ their quick setting unless ``PYROBNN_DOCS_FULL=1``; a cell that raises fails the
 import os
 import pathlib
 import sys
-import warnings
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
@@ -61,7 +60,6 @@ autodoc_default_options = {"members": True, "undoc-members": True, "show-inherit
 autodoc_inherit_docstrings = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_mock_imports = []
 
 # Cross-references inside pyrobnn must resolve (nitpicky); names from torch, Pyro and other
 # libraries have no inventory offline (no intersphinx without a network), so they are not checked.
@@ -75,7 +73,5 @@ nitpick_ignore_regex = [
 
 html_theme = "furo"
 html_title = f"pyrobnn {release}"
-html_static_path = ["_static"]
-html_css_files = ["pyrobnn.css"]
 
 pygments_style = "friendly"
