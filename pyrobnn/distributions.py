@@ -29,8 +29,9 @@ import copy
 import math
 
 import torch
-from pyro.distributions import Normal, TorchDistribution
-from torch.distributions import constraints
+from pyro.distributions import LogNormal, Normal, TorchDistribution
+from torch.distributions import TransformedDistribution, constraints
+from torch.distributions.transforms import ExpTransform
 from torch.distributions.utils import broadcast_all
 
 __all__ = [
@@ -53,10 +54,6 @@ def unchecked_log_normal(loc, scale):
     """Pyro's ``LogNormal(loc, scale)`` built without torch's argument checks, for a scale that
     is positive by construction: Pyro's constructor makes its base ``Normal`` with the default
     checks, which read the scale back to the host (a synchronization per step on a GPU)."""
-    from pyro.distributions import LogNormal
-    from torch.distributions import TransformedDistribution
-    from torch.distributions.transforms import ExpTransform
-
     out = LogNormal.__new__(LogNormal)
     TransformedDistribution.__init__(out, Normal(loc, scale, validate_args=False), ExpTransform(), validate_args=False)
     return out

@@ -148,11 +148,8 @@ class LaplacePosterior(Posterior):
         chosen = slice(None) if draws is None else draws
         tangents = {n: self.samples[n][0, chosen] - self.map_values[n] for n in self.covered_names}
         outputs = []
-        with torch.no_grad(), warnings.catch_warnings():
-            # torch's forward-mode AD loads its JVP decompositions on first use through
-            # torch.jit.script, which torch 2.14 itself deprecates: a FutureWarning about torch's
-            # internals, raised by the jvp below on our behalf
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        # torch's forward-mode AD loads its JVP decompositions on first use through torch.jit.script
+        with torch.no_grad(), jit_script_deprecation_quiet():
             for i in range(0, x.shape[0], batch_size):
                 xb = x[i : i + batch_size]
 
@@ -221,6 +218,17 @@ def _map_values(model, map_estimate, x, y, seed, map_options):
 
 
 @contextlib.contextmanager
+def jit_script_deprecation_quiet():
+    """Silence torch 2.14's FutureWarning that ``torch.jit.script`` is deprecated, matched by its
+    message and category: raised by code that scripts functions on our behalf (laplace-torch's
+    curvature backends; torch's own JVP decompositions, loaded at the first ``jvp``), which no
+    user of ours can change."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        yield
+
+
+@contextlib.contextmanager
 def laplace_torch_quiet():
     """Silence, while laplace-torch works for us, the two warnings it raises that no user of
     :func:`laplace` can act on (each matched by its message and category, nothing else):
@@ -232,8 +240,7 @@ def laplace_torch_quiet():
       predictive defaults to the probit link; the marginal likelihood uses no link, and the
       predictive here is ours (:meth:`LaplacePosterior.predict`).
     """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+    with jit_script_deprecation_quiet(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"By default `link_approx` is `probit`", category=UserWarning)
         yield
 
