@@ -7,6 +7,7 @@ import pathlib
 import re
 
 import pytest
+import torch
 
 from pyrobnn.data import gap_regression
 
@@ -30,4 +31,7 @@ def test_quick_start_and_posterior_verbs_run(tmp_path, monkeypatch):
     for block in (quick_start, pyro_svi, pyro_optim, verbs):
         exec(compile(block, str(README), "exec"), namespace)
     assert (tmp_path / "bnn.pt").is_file() and (tmp_path / "nuts.pt").is_file()
-    assert namespace["post"].num_draws == 300
+    post = namespace["post"]  # the posterior loaded back from nuts.pt
+    assert post.num_chains == 4 and post.num_draws == 300
+    # the loaded posterior predicts what the sampled one did, draw for draw
+    assert torch.equal(post.predict(x_test).mean, namespace["pred"].mean)

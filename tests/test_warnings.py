@@ -57,3 +57,31 @@ def test_public_api_shows_no_third_party_warning(tmp_path):
     assert out.stdout.strip().endswith("done")
     lines = [l for l in out.stderr.splitlines() if "Warning" in l or "warn(" in l]
     assert not lines, "warnings reached the user:\n" + "\n".join(lines[:20])
+
+
+COMPILE_LOG = textwrap.dedent(
+    """
+    import sys
+    if sys.argv[1] == "pyrobnn":
+        from pyrobnn.runtime import compiled
+        compiled(lambda t: t + 1)
+    else:
+        import torch.utils.cpp_extension
+    """
+)
+
+
+@pytest.mark.slow  # two fresh interpreters importing torch: about 10 s
+def test_compiling_logs_no_cuda_runtime_message_on_a_cpu_machine(tmp_path):
+    """torch's C++ build helpers log "No CUDA runtime is found" at import where a CUDA toolkit is
+    found (here: CUDA_HOME names a folder) but no GPU; :func:`pyrobnn.runtime.compiled` imports
+    them quietly before torch.compile would. The plain import is the control: it must log."""
+    env = dict(os.environ, CUDA_HOME=str(tmp_path), CUDA_VISIBLE_DEVICES="")
+
+    def stderr_of(who):
+        out = subprocess.run([sys.executable, "-c", COMPILE_LOG, who], capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stderr
+
+    assert "No CUDA runtime is found" in stderr_of("torch")
+    assert "No CUDA runtime is found" not in stderr_of("pyrobnn")
