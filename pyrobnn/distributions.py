@@ -65,6 +65,8 @@ def without_validation(d):
     ``Normal``). For a distribution scored at every training step at values in its support by
     construction (a draw of a LogNormal guide, scored under the LogNormal prior): each check
     reads a value back to the host, a synchronization per step on a GPU."""
+    if not isinstance(d, torch.distributions.Distribution):
+        raise TypeError(f"without_validation takes a torch distribution, got {type(d).__name__}")
     out = copy.copy(d)
     out._validate_args = False
     if hasattr(out, "base_dist"):

@@ -191,3 +191,23 @@ def test_kl_method_reports_registered_kinds():
     assert kl_method(dist.Normal(theta, 1.0).to_event(1), dist.Normal(0.0, 1.0).expand((3,)).to_event(1)) == "analytic"
     assert kl_method(dist.Normal(theta, 1.0), ARDNormal(torch.zeros(3))) == "analytic"
     assert kl_method(GaussianUnitNoise(theta, (3,), torch.zeros(3)), dist.Normal(0.0, 1.0)) == "monte_carlo"
+
+
+def test_unchecked_log_normal_and_without_validation_score_as_the_checked_ones():
+    import pyro.distributions as pdist
+
+    from pyrobnn.distributions import unchecked_log_normal, without_validation
+
+    loc, scale = torch.tensor([0.3, -1.0]), torch.tensor([0.5, 2.0])
+    value = torch.tensor([1.7, 0.2])
+    checked = pdist.LogNormal(loc, scale, validate_args=True)
+    for d in (unchecked_log_normal(loc, scale), without_validation(checked)):
+        assert isinstance(d, pdist.LogNormal)
+        assert torch.allclose(d.log_prob(value), checked.log_prob(value))
+        assert torch.allclose(d.mean, checked.mean)
+        assert not d._validate_args and not d.base_dist._validate_args
+    assert checked._validate_args and checked.base_dist._validate_args  # the copy left the original as it was
+    with pytest.raises(ValueError):
+        checked.log_prob(torch.tensor([-1.0, 1.0]))  # the checks that were taken off
+    with pytest.raises(TypeError, match="torch distribution"):
+        without_validation(3.0)

@@ -59,8 +59,11 @@ class ResultsTable(Directive):
         path = pathlib.Path(env.srcdir) / "results.json"
         env.note_dependency(str(path))
         entries = load_entries(path)
-        name_re = re.compile(self.options.get("name", ""))
-        command_re = re.compile(self.options.get("command", ""))
+        try:
+            name_re = re.compile(self.options.get("name", ""))
+            command_re = re.compile(self.options.get("command", ""))
+        except re.error as e:
+            raise self.error(f"results-table: :name: or :command: is not a regular expression ({e})")
         rows = [e for e in entries if name_re.search(e["name"]) and command_re.search(e["command"])]
         if not rows:
             raise self.error(f"results-table: no entry of {path.name} matches name={name_re.pattern!r} command={command_re.pattern!r}")
