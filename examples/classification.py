@@ -31,7 +31,7 @@ net = pyrobnn.MLP(2, 2, hidden=(64, 64))
 model = pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood(), pyrobnn.NormalPrior(1.0))
 guide = pyrobnn.MCDropout(model, p={"0.weight": 0.0, "*": 0.2})  # no dropout on the two inputs
 
-history = pyrobnn.fit(model, guide, x, y, epochs=40 if args.quick else 400, batch_size=50, lr=3e-3, seed=0)
+history = pyrobnn.fit(model, guide, x, y, epochs=40 if args.quick else 400, batch_size=50, lr=3e-3, seed=0).history
 test = pyrobnn.predict(model, guide, x_test, num_samples=100)
 print(json.dumps({**test.metrics(y_test), "final_nll": history.nll[-1], "final_kl": history.kl[-1]}))
 

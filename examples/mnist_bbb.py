@@ -90,7 +90,7 @@ history = pyrobnn.fit(
     estimator=None if args.estimator == "weight" else args.estimator,
     checkpoint=args.checkpoint, resume=args.checkpoint is not None, seed=args.seed,
     callback=progress,
-)
+).history
 table = {}
 for fraction in PUBLISHED_PRUNING:
     table[fraction] = error_of(sparsity.PrunedGuide(guide, sparsity.masks_by_snr(guide, fraction)))

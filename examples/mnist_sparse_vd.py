@@ -105,7 +105,7 @@ history = pyrobnn.fit(
     model, guide, x, y, epochs=epochs, batch_size=100, lr=1e-3, estimator="local", kl_annealing=annealing,
     lr_schedule=lr_schedule, checkpoint=args.checkpoint, resume=args.checkpoint is not None, seed=args.seed,
     callback=progress,
-)
+).history
 masks = sparsity.masks_by_log_alpha(guide, threshold=3.0)
 pruned = sparsity.PrunedGuide(guide, masks)
 report = sparsity.report(guide, masks)

@@ -3,12 +3,14 @@
 A BNN is two Pyro callables: a :class:`BayesianModel` (an ordinary ``nn.Module`` whose chosen
 parameters have priors, plus a likelihood) and a guide from :mod:`pyrobnn.guides`. Train them
 with :func:`fit` or ``pyro.infer.SVI``; predict with :func:`predict` or
-``pyro.infer.Predictive``.
+``pyro.infer.Predictive``. Every other method (:mod:`pyrobnn.methods` lists them) takes the same
+model and returns a :class:`Result` with the same verbs; :mod:`pyrobnn.testing` holds every one of
+them to that contract.
 """
 
 from pyrobnn import progress  # first: Pyro imports tqdm.auto too (pyrobnn.progress says why)
 from pyrobnn import kl  # registers the KL divergences with torch
-from pyrobnn import runtime
+from pyrobnn import memory, runtime
 from pyrobnn.estimators import flipout, local_reparameterization, per_example_weights
 from pyrobnn.guides import (
     ConcreteDropout,
@@ -23,10 +25,13 @@ from pyrobnn.infer.svi import ivon
 from pyrobnn.infer.mcmc import ensemble_sampling, mclmc, nuts, pyro_nuts
 from pyrobnn.infer.modes import deep_ensemble, laplace, swag
 from pyrobnn.infer.posterior import Posterior, load_posterior
+from pyrobnn.infer.result import Result
 from pyrobnn.infer.sgmcmc import sghmc, sgld, smile
 from pyrobnn.infer.variational import VariationalPosterior
 from pyrobnn.calibration import TemperatureScaling
 from pyrobnn.io import load, save
+from pyrobnn import methods  # after the method families: their modules register them
+from pyrobnn.methods import UnsupportedModelError
 from pyrobnn.likelihoods import (
     BernoulliLikelihood,
     CategoricalLikelihood,
@@ -80,8 +85,12 @@ __all__ = [
     "per_example_weights",
     "save",
     "load",
+    "Result",
     "Posterior",
     "VariationalPosterior",
+    "UnsupportedModelError",
+    "methods",
+    "memory",
     "load_posterior",
     "SVIModule",
     "EnsembleModule",

@@ -13,9 +13,10 @@ import warnings
 
 import numpy as np
 import torch
-from pyro.infer import Predictive
 
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.result import Result
+from pyrobnn.predictive import network_outputs
+from pyrobnn.validation import as_tensor
 
 __all__ = [
     "inference_data", "convergence_summary", "within_chain_rhat", "between_chain_rhat", "within_chain_summary",
@@ -30,29 +31,51 @@ def _az():
     return az
 
 
-@torch.no_grad()
-def _predictive_arrays(model, flat_samples, x, y, chains, draws):
-    """Network outputs, simulated targets and per-point log-likelihoods for every draw."""
-    latent_names = list(model.likelihood.latent_sites())
+def _draws_of(posterior):
+    """``(samples {site: (chains, draws, *shape)}, stats)`` of a result (its
+    :meth:`~pyrobnn.infer.result.Result.as_draws`) or of a dict of draws."""
+    if isinstance(posterior, Result):
+        draws = posterior.as_draws()
+        return draws.samples, draws.stats
+    if isinstance(posterior, dict):
+        return posterior, {}
+    raise TypeError(f"expected a result of a pyrobnn method or a dict of draws {{site: (chains, draws, ...)}}, got {type(posterior).__name__}")
+
+
+def _eval_outputs(model, flat_samples, x):
     was = model.training
     model.eval()
     try:
-        out = Predictive(model, posterior_samples=flat_samples, parallel=True, return_sites=["_RETURN", "obs", *latent_names])(x)
+        return network_outputs(model, flat_samples, x)
     finally:
         model.train(was)
-    f = out["_RETURN"]
-    latents = {k: out[k].reshape(-1, 1) for k in latent_names}
+
+
+@torch.no_grad()
+def _predictive_arrays(model, flat_samples, x, y, chains, draws):
+    """Network outputs, simulated targets and per-point log-likelihoods for every draw (the
+    points in chunks within the memory budget, :mod:`pyrobnn.memory`)."""
+    latent_names = list(model.likelihood.latent_sites())
+    f = _eval_outputs(model, flat_samples, x)
+    latents = {k: flat_samples[k].reshape(-1, 1).to(f.device) for k in latent_names}
     dist = model.likelihood.distribution(f, **latents)
-    arrays = {"f": f, "obs": out["obs"]}
+    arrays = {"f": f, "obs": dist.sample()}
     if y is not None:
         y_checked = model.likelihood.check_targets(y.to(f.device), f.shape[-2:])
         arrays["log_lik"] = dist.log_prob(y_checked)
     return {k: v.reshape((chains, draws) + v.shape[1:]).cpu().double().numpy() for k, v in arrays.items()}
 
 
+def _data(model, x, y):
+    x = as_tensor(x, "x", model.dtype).to(model.device)
+    model.check_x(x)
+    return x, None if y is None else as_tensor(y, "y", model.dtype)
+
+
 def inference_data(model, posterior, x, y=None, observed=True):
-    """An ``arviz.InferenceData`` for posterior samples of ``model`` (an
-    :class:`~pyrobnn.infer.posterior.Posterior`, or a dict ``{site: (chains, draws, *shape)}``):
+    """An ``arviz.InferenceData`` for posterior draws of ``model`` (any method's result, read
+    through its :meth:`~pyrobnn.infer.result.Result.as_draws`, or a dict ``{site: (chains, draws,
+    *shape)}``):
 
     - ``posterior``: every latent site, and ``f``, the network's output at ``x``;
     - ``posterior_predictive``: ``obs``, targets simulated at ``x``;
@@ -60,7 +83,8 @@ def inference_data(model, posterior, x, y=None, observed=True):
     - ``observed_data``: ``obs`` = ``y``.
     """
     az = _az()
-    samples = posterior.samples if isinstance(posterior, Posterior) else posterior
+    samples, stats = _draws_of(posterior)
+    x, y = _data(model, x, y)
     chains, draws = next(iter(samples.values())).shape[:2]
     flat = {k: v.reshape((chains * draws,) + v.shape[2:]) for k, v in samples.items()}
     arrays = _predictive_arrays(model, flat, x, y, chains, draws)
@@ -74,7 +98,6 @@ def inference_data(model, posterior, x, y=None, observed=True):
         groups["log_likelihood"] = {"obs": arrays["log_lik"]}
         if observed:
             groups["observed_data"] = {"obs": _squeeze_output(y.double().cpu().numpy()[None, None])[0, 0]}
-    stats = posterior.stats if isinstance(posterior, Posterior) else {}
     sample_stats = {}
     if "diverging" in stats:
         sample_stats["diverging"] = stats["diverging"].cpu().numpy()
@@ -177,14 +200,14 @@ def within_chain_summary(
     - ``verdict``: a plain-language reading of the above that claims only what they show.
     """
     az = _az()
-    samples = posterior.samples if isinstance(posterior, Posterior) else posterior
+    samples, stats = _draws_of(posterior)
+    x, y = _data(model, x, y)
     chains, draws = next(iter(samples.values())).shape[:2]
     flat = {k: v.reshape((chains * draws,) + v.shape[2:]) for k, v in samples.items()}
     arrays = _predictive_arrays(model, flat, x, y, chains, draws)
     f = arrays["f"].reshape(chains, draws, -1)
     rhat_f = within_chain_rhat(f)
     out = {"chains": chains, "draws": draws, "rhat_predictions": np.nanmax(rhat_f, axis=1)}
-    stats = posterior.stats if isinstance(posterior, Posterior) else {}
     energy = stats.get("energy")
     if energy is not None and energy.shape[1] >= 8:
         out["rhat_log_density"] = within_chain_rhat(energy)
@@ -308,12 +331,8 @@ def _noise_spike_share(model, samples, x_train, min_gap, spread):
     chains, draws = next(iter(samples.values())).shape[:2]
     if isinstance(lik, HeteroscedasticGaussianLikelihood):
         flat = {k: v.reshape((chains * draws,) + v.shape[2:]) for k, v in samples.items()}
-        was = model.training
-        model.eval()
-        try:
-            out = Predictive(model, posterior_samples=flat, parallel=True, return_sites=["_RETURN"])(x_train.to(model.device))["_RETURN"]
-        finally:
-            model.train(was)
+        with torch.no_grad():
+            out = _eval_outputs(model, flat, x_train.to(model.device))
         scale = lik.split(out)[1].reshape(chains, draws, -1)
         floor = 0.01 * min_gap
         if 1.5 * lik.min_scale < 1e-3 * spread:  # a clip far below the targets' spread: at it is a spike

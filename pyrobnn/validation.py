@@ -28,16 +28,23 @@ __all__ = [
     "expected_input",
     "check_same_placement",
     "validate_training_data",
-    "check_samplable",
 ]
 
 
-def as_tensor(value, name: str) -> torch.Tensor:
-    """``value`` as a tensor (NumPy arrays are accepted), or a ``ValueError``."""
+def as_tensor(value, name: str, dtype=None) -> torch.Tensor:
+    """``value`` as a tensor, or a ``ValueError``. A NumPy array is accepted: a floating one
+    becomes a tensor of ``dtype`` where given (the model's: NumPy's float64 default is no choice of
+    a torch dtype), any other keeps its dtype (integer labels stay integers). A tensor is
+    returned as it is (its dtype is the user's choice, and checked against the model's)."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(value)
+        if value.dtype == object or not (np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_):
+            raise ValueError(f"{name} must hold numbers, got a numpy array of dtype {value.dtype}")
+        tensor = torch.from_numpy(np.array(value, copy=not value.flags.writeable or not value.flags.c_contiguous, order="C"))
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        return tensor
     raise ValueError(f"{name} must be a torch.Tensor or numpy array, got {type(value).__name__}")
 
 
@@ -207,12 +214,12 @@ def validate_training_data(model, x, y):
     """Convert and check ``x, y`` once, over the whole data set: types, dtypes, lengths,
     finite values, target shapes and label ranges. Returns the tensors (floating targets in the
     model's dtype)."""
-    x = as_tensor(x, "x")
+    x = as_tensor(x, "x", model.dtype)
     model.check_x(x)
     check_finite(x, "x")
     if y is None:
         raise ValueError("y is required for training")
-    y = as_tensor(y, "y")
+    y = as_tensor(y, "y", model.dtype)
     if y.dim() == 0 or y.shape[0] != x.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has shape {tuple(y.shape)}")
     check_finite(y, "y")
@@ -224,14 +231,3 @@ def validate_training_data(model, x, y):
     y_checked = model.likelihood.check_targets(y, (x.shape[0], output_shape[-1]))
     model.likelihood.check_target_values(y_checked, output_shape[-1])
     return x, y
-
-
-def check_samplable(model):
-    """Refuse a model with point parameters in its likelihood: the samplers, ensembles, Laplace
-    and SWAG move latent sites only."""
-    if any(True for _ in model.likelihood.parameters()):
-        raise ValueError(
-            "the samplers, deep ensembles, Laplace and SWAG move latent sites only: give the likelihood a "
-            "fixed noise scale or a prior (GaussianLikelihood(scale=0.1) or scale=dist.LogNormal(...)), "
-            "not scale='learned'"
-        )

@@ -29,10 +29,10 @@ def _data(n=24):
 
 
 RUNS = {
-    "nuts": lambda m, x, y, **kw: pyrobnn.nuts(m, x, y, num_samples=12, num_warmup=20, num_chains=2, max_tree_depth=4, compile=False, **kw),
+    "nuts": lambda m, x, y, **kw: pyrobnn.nuts(m, x, y, num_samples=12, num_warmup=20, num_chains=2, max_tree_depth=4, backend="eager", **kw),
     # the tuning phases, the preconditioner's re-tuning and phase 3 all run before the first draw
     "mclmc": lambda m, x, y, **kw: pyrobnn.mclmc(
-        m, x, y, num_samples=40, num_warmup=(30, 12, 10), num_chains=2, thinning=4, diagonal_preconditioning=True, compile=False, **kw
+        m, x, y, num_samples=40, num_warmup=(30, 12, 10), num_chains=2, thinning=4, diagonal_preconditioning=True, backend="eager", **kw
     ),
     "ensemble": lambda m, x, y, **kw: pyrobnn.deep_ensemble(m, x, y, num_members=2, max_epochs=12, batch_size=8, validation=0.25, **kw),
     "swag": lambda m, x, y, **kw: pyrobnn.swag(
@@ -105,7 +105,7 @@ torch.manual_seed(0)
 model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale=dist.LogNormal(math.log(0.1), 0.5)), pyrobnn.NormalPrior(1.0))
 x = torch.linspace(-1, 1, 24).unsqueeze(-1)
 y = torch.sin(2 * x) + 0.1 * torch.randn(24, 1, generator=torch.Generator().manual_seed(1))
-pyrobnn.nuts(model, x, y, num_samples=150, num_warmup=50, num_chains=2, max_tree_depth=4, compile=False, progress=False, checkpoint=sys.argv[1], checkpoint_every=1)
+pyrobnn.nuts(model, x, y, num_samples=150, num_warmup=50, num_chains=2, max_tree_depth=4, backend="eager", progress=False, checkpoint=sys.argv[1], checkpoint_every=1)
 """
 
 
@@ -128,7 +128,7 @@ def test_nuts_killed_by_a_signal_resumes_to_the_uninterrupted_draws(tmp_path):
     saved = torch.load(path, weights_only=True)["state"]["iteration"]
     assert 0 < saved < 200, saved
     x, y = _data()
-    kw = dict(num_samples=150, num_warmup=50, num_chains=2, max_tree_depth=4, compile=False, progress=False)
+    kw = dict(num_samples=150, num_warmup=50, num_chains=2, max_tree_depth=4, backend="eager", progress=False)
     whole = pyrobnn.nuts(_model(), x, y, **kw)
     resumed = pyrobnn.nuts(_model(), x, y, checkpoint=path, checkpoint_every=5, **kw)
     for k, v in whole.samples.items():

@@ -75,6 +75,7 @@ def test_mean_field_reaches_the_exact_posterior(elbo):
     assert torch.all((torch.diag(torch.linalg.inv(precision)) - exact_var)[:2] > 20 * var_se[:2])
 
 
+@pytest.mark.slow  # a long statistical run (the default run keeps our guides' exact-posterior tests)
 def test_pyro_autoguide_runs_with_our_model_and_reaches_the_exact_posterior():
     X, y, exact_mean, precision = conjugate_problem(seed=1)
     model = bayesian_linear_model()
@@ -91,6 +92,7 @@ def test_pyro_autoguide_runs_with_our_model_and_reaches_the_exact_posterior():
     assert torch.all((var - exact_var).abs() < 5 * var_se), ((var - exact_var) / var_se)
 
 
+@pytest.mark.slow  # a long statistical run (Pyro's own SVI on our model is also in test_training)
 def test_autodiagonalnormal_trains_with_pyro_svi_directly():
     X, y, exact_mean, _ = conjugate_problem(seed=2)
     model = bayesian_linear_model()

@@ -37,7 +37,7 @@ def deterministic_fit(device, epochs=30):
     guide = pyrobnn.MeanFieldNormal(model, init_scale=1e-40)
     model.to(device), guide.to(device)
     x, y = regression_data()
-    history = pyrobnn.fit(model, guide, x.double(), y.double(), epochs=epochs, batch_size=16, lr=0.01, elbo="meanfield", progress=False, seed=0)
+    history = pyrobnn.fit(model, guide, x.double(), y.double(), epochs=epochs, batch_size=16, lr=0.01, elbo="meanfield", progress=False, seed=0).history
     return model, guide, history
 
 

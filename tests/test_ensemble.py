@@ -101,10 +101,10 @@ def test_ensemble_initialized_chains_start_at_the_members():
     members = potential.unpack(start)
     for name, v in ensemble.samples.items():
         torch.testing.assert_close(members[name], v[:, 0], rtol=0, atol=0)
-    result = ensemble_sampling(model, x, y, ensemble=ensemble, sampler="mclmc", num_samples=40, num_warmup=(40, 10, 10), thinning=2, compile=False, progress=False)
+    result = ensemble_sampling(model, x, y, ensemble=ensemble, sampler="mclmc", num_samples=40, num_warmup=(40, 10, 10), thinning=2, backend="eager", progress=False)
     assert result.num_chains == 3 and result.num_draws == 20
     assert result.stats["energy"].shape == (3, 20)
-    nuts_result = ensemble_sampling(model, x, y, ensemble=ensemble, sampler="nuts", num_samples=5, num_warmup=0, max_tree_depth=3, compile=False, progress=False)
+    nuts_result = ensemble_sampling(model, x, y, ensemble=ensemble, sampler="nuts", num_samples=5, num_warmup=0, max_tree_depth=3, backend="eager", progress=False)
     assert nuts_result.num_chains == 3
     with pytest.raises(ValueError, match="sampler"):
         ensemble_sampling(model, x, y, ensemble=ensemble, sampler="hmc")
@@ -121,8 +121,20 @@ def test_deep_ensemble_refuses_bad_arguments():
     with pytest.raises(ValueError, match="x_val"):
         deep_ensemble(model, x, y, num_members=2, x_val=x, progress=False)
     learned = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,)).double(), pyrobnn.GaussianLikelihood(scale="learned"))
-    with pytest.raises(ValueError, match="latent sites only"):
+    with pytest.raises(ValueError, match="deep_ensemble does not support GaussianLikelihood.*learned.*moves latent sites only"):
         deep_ensemble(learned, x, y, num_members=2, progress=False)
+
+
+def test_ensemble_sampling_trains_its_ensemble_when_none_is_given():
+    model, x, y = small_problem()
+    options = dict(num_members=3, max_epochs=20, progress=False)
+    given = ensemble_sampling(model, x, y, ensemble=deep_ensemble(model, x, y, seed=4, **options), sampler="nuts", num_samples=3,
+                              num_warmup=3, max_tree_depth=3, seed=4, progress=False)
+    trained = ensemble_sampling(model, x, y, sampler="nuts", ensemble_options=options, num_samples=3, num_warmup=3, max_tree_depth=3,
+                                seed=4, progress=False)
+    assert trained.num_chains == 3 and all(torch.equal(given.samples[k], trained.samples[k]) for k in given.samples)
+    with pytest.raises(ValueError, match="give ensemble= or ensemble_options="):
+        ensemble_sampling(model, x, y, ensemble=given, ensemble_options=options)
 
 
 def test_within_chain_rhat_flags_a_drifting_chain_and_passes_stationary_ones():
@@ -206,10 +218,10 @@ def test_chains_in_two_processes_are_the_groups_run_alone():
     potential = FlatPotential(model, x, y)
     z0 = initial_positions(potential, None, 3, 2.0, torch.Generator().manual_seed(7))
     for sampler, options in ((nuts, dict(num_samples=6, num_warmup=6, max_tree_depth=4)), (mclmc, dict(num_samples=20, num_warmup=(20, 5, 5), thinning=2))):
-        split = sampler(model, x, y, num_chains=3, seed=7, num_processes=2, compile=False, progress=False, **options)
+        split = sampler(model, x, y, num_chains=3, seed=7, num_processes=2, backend="eager", progress=False, **options)
         assert split.method == f"pyrobnn {sampler.__name__.upper()}"
         groups = [(z0[:2], 7), (z0[2:], 8)]
-        alone = [sampler(model, x, y, init=g, seed=s, compile=False, progress=False, **options) for g, s in groups]
+        alone = [sampler(model, x, y, init=g, seed=s, backend="eager", progress=False, **options) for g, s in groups]
         for name, v in split.samples.items():
             torch.testing.assert_close(v, torch.cat([a.samples[name] for a in alone]), rtol=0, atol=0)
         for key, v in split.stats.items():

@@ -174,7 +174,7 @@ def test_kl_stays_analytic_under_the_estimators():
 def test_estimators_train_with_fit_and_predict_inside_the_context():
     model, guide, x, y = mlp_problem()
     for name in ESTIMATORS:
-        history = pyrobnn.fit(model, guide, x, y, epochs=30, lr=1e-2, estimator=name, progress=False)
+        history = pyrobnn.fit(model, guide, x, y, epochs=30, lr=1e-2, estimator=name, progress=False).history
         assert history.nll[-1] < history.nll[0]
     with local_reparameterization():
         pred = pyrobnn.predict(model, guide, x, 50)

@@ -44,13 +44,15 @@ def test_fast_nuts_reaches_the_exact_conjugate_posterior(path):
         # kernels do not take: compile=True compiles the torch code
         net = torch.nn.Sequential(model.net, torch.nn.Dropout(0.0))
         model = pyrobnn.BayesianModel(net, model.likelihood, pyrobnn.NormalPrior(model.site_prior(model.sites[0]).scale))
-    result = nuts(model, X, y, num_samples=800, num_warmup=400, num_chains=4, compile=path != "eager", progress=False)
+    backend = {"eager": "eager", "native": "native", "torch.compile": "compile"}[path]
+    result = nuts(model, X, y, num_samples=800, num_warmup=400, num_chains=4, backend=backend, progress=False)
     assert result.stats["path"] == path, result.stats["path_reason"]
     assert result.samples["weight" if path != "torch.compile" else "0.weight"].shape == (4, 800, 1, 3)
     assert result.num_divergences == 0
     check_exact_posterior(next(iter(result.samples.values())).reshape(4, 800, 3), mean, torch.linalg.inv(precision))
 
 
+@pytest.mark.slow  # Pyro's own NUTS is the slow reference; the fast paths' exact-posterior tests stay in the default run
 def test_pyro_nuts_reaches_the_exact_conjugate_posterior():
     X, y, mean, precision = conjugate_problem(seed=4)
     result = pyro_nuts(bayesian_linear_model(), X, y, num_samples=400, num_warmup=300, num_chains=2, progress=False)
@@ -128,7 +130,7 @@ def test_samples_feed_predictive_and_predict():
     ({"num_warmup": -1}, "num_warmup must be an integer >= 0"),
     ({"max_tree_depth": 0}, "max_tree_depth must be an integer >= 1"),
     ({"target_accept": 1.5}, r"target_accept must be in \(0, 1\), got 1.5"),
-    ({"num_chains": 0}, "num_chains must be a positive integer, got 0"),
+    ({"num_chains": 0}, "nuts: num_chains must be an integer >= 1, got 0"),
 ])
 def test_nuts_refuses_arguments_out_of_range(kwargs, message):
     model, x, y = small_bnn(noise_prior=False)
@@ -149,5 +151,33 @@ def test_samplers_take_float64_targets_for_a_float32_network():
     x = torch.randn(10, 1)
     y = torch.randn(10, 1, dtype=torch.float64)
     model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(3,)), pyrobnn.GaussianLikelihood(scale=0.1))
-    result = nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=1, compile=False, progress=False)
+    result = nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=1, backend="eager", progress=False)
     assert all(v.dtype == torch.float32 for v in result.samples.values())
+
+
+@pytest.mark.slow
+def test_a_custom_forward_with_dropout_compiles_and_samples_the_network_without_it():
+    """nn.Dropout is the identity when the samplers evaluate the network (eval mode); under
+    torch.compile the network runs through functional_call (Dynamo refuses a module's parameter
+    dict mutated inside the NUTS loop's while_loop), so no eager fallback happens."""
+    import warnings
+
+    class WithDropout(torch.nn.Module):
+        def __init__(self, drop):
+            super().__init__()
+            self.a, self.drop, self.b = torch.nn.Linear(2, 6), torch.nn.Dropout(drop), torch.nn.Linear(6, 1)
+
+        def forward(self, x):
+            return self.b(self.drop(torch.tanh(self.a(x))))
+
+    torch.manual_seed(0)
+    x, y = torch.randn(30, 2), torch.randn(30)
+    results = []
+    for drop in (0.5, 0.0):
+        torch.manual_seed(1)
+        model = pyrobnn.BayesianModel(WithDropout(drop), pyrobnn.GaussianLikelihood(0.5))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a fallback to eager code would warn
+            results.append(nuts(model, x, y, num_samples=5, num_warmup=5, num_chains=2, max_tree_depth=3, backend="compile", progress=False))
+    assert all(r.stats["path"] == "torch.compile" for r in results)
+    assert all(torch.equal(results[0].samples[k], results[1].samples[k]) for k in results[0].samples)

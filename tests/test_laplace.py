@@ -16,7 +16,7 @@ from pyro.infer import Predictive
 from torch import nn
 
 import pyrobnn
-from pyrobnn.infer.modes.laplace import laplace
+from pyrobnn.infer.modes.laplace import TwoClassLogits, laplace
 from test_conjugate import NOISE, PRIOR, bayesian_linear_model, conjugate_problem
 
 
@@ -101,7 +101,7 @@ def test_linearized_predictive_matches_laplace_torch_glm_moments(subset):
 def test_laplace_refuses_what_it_cannot_represent():
     X, y, _, _ = conjugate_problem()
     mixture = pyrobnn.BayesianModel(nn.Linear(3, 1, bias=False).double(), pyrobnn.GaussianLikelihood(scale=NOISE), pyrobnn.ScaleMixturePrior())
-    with pytest.raises(ValueError, match="Gaussian prior.*weight.*ScaleMixturePrior"):
+    with pytest.raises(ValueError, match="laplace needs NormalPrior on every random site; site 'weight' has a ScaleMixturePrior"):
         laplace(mixture, X, y.unsqueeze(-1))
     with pytest.raises(ValueError, match="hessian must be one of"):
         laplace(bayesian_linear_model(), X, y.unsqueeze(-1), hessian="lowrank")
@@ -122,3 +122,57 @@ def test_a_noise_scale_with_a_prior_is_held_at_its_map():
     _, _, _, precision = conjugate_problem()
     assert torch.allclose(result.approximation.posterior_precision, precision, rtol=1e-6)
     assert pyrobnn.predict(model, result, X[:3]).aleatoric_std.eq(NOISE).all()
+
+
+def test_targets_of_shape_n_give_the_posterior_of_targets_n_by_1():
+    X, y, mean, precision = conjugate_problem()
+    options = dict(hessian="full", tune_prior=False, map_estimate={"weight": mean.reshape(1, 3)}, num_samples=50, seed=1)
+    flat = laplace(bayesian_linear_model(), X, y, **options)
+    column = laplace(bayesian_linear_model(), X, y.unsqueeze(-1), **options)
+    assert torch.equal(flat.samples["weight"], column.samples["weight"])
+    assert flat.log_marginal_likelihood == pytest.approx(evidence(X, y), abs=1e-6)
+    assert torch.allclose(flat.approximation.posterior_precision, precision, rtol=1e-6)
+
+
+def test_a_bernoulli_network_is_the_two_class_network_with_logits_zero_and_f():
+    """Laplace on a Bernoulli likelihood over f equals laplace-torch's categorical Laplace over
+    the logits (0, f): the same curvature, marginal likelihood and draws."""
+    torch.manual_seed(0)
+    x = torch.randn(80, 2, dtype=torch.float64)
+    labels = (x[:, 0] + 0.5 * torch.randn(80, dtype=torch.float64) > 0).long()
+    net = nn.Linear(2, 1).double()
+    bernoulli = pyrobnn.BayesianModel(net, pyrobnn.BernoulliLikelihood(), pyrobnn.NormalPrior(1.0))
+    values = {"weight": torch.tensor([[1.5, -0.3]], dtype=torch.float64), "bias": torch.tensor([0.2], dtype=torch.float64)}
+    ours = laplace(bernoulli, x, labels.double(), hessian="full", map_estimate=values, tune_prior=False, num_samples=5, seed=3)
+
+    from laplace import Laplace
+
+    two = TwoClassLogits(bernoulli.deterministic_net(values)).eval()
+    ref = Laplace(two, "classification", subset_of_weights="all", hessian_structure="full", prior_precision=torch.ones(2, dtype=torch.float64))
+    ref.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, labels), batch_size=80))
+    # the GGN of the Bernoulli log-likelihood by hand: sum_n s_n (1 - s_n) phi_n phi_n^T, phi = (x, 1)
+    phi = torch.cat([x, torch.ones(80, 1, dtype=torch.float64)], 1)
+    s = torch.sigmoid(phi @ torch.tensor([1.5, -0.3, 0.2], dtype=torch.float64))
+    ggn = (phi * (s * (1 - s)).unsqueeze(-1)).T @ phi + torch.eye(3, dtype=torch.float64)
+    # laplace-torch accumulates the curvature in single precision: 1e-7 relative against the hand sum
+    assert torch.allclose(ours.approximation.posterior_precision, ggn, rtol=1e-6, atol=0)
+    assert torch.allclose(ours.approximation.posterior_precision, ref.posterior_precision, rtol=1e-12, atol=0)
+    pred = ours.predict(x[:4])
+    assert pred.probs.shape == (4, 1, 2) and torch.allclose(pred.probs.sum(-1), torch.ones(4, 1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="Bernoulli likelihood with one output"):
+        two_outputs = pyrobnn.BayesianModel(nn.Linear(2, 2).double(), pyrobnn.BernoulliLikelihood(), pyrobnn.NormalPrior(1.0))
+        laplace(two_outputs, x, torch.stack([labels, labels], -1).double())
+
+
+def test_batch_normalization_uses_its_running_statistics_and_dropout_is_off():
+    from pyrobnn.testing import build_case
+
+    model, x, y, x_test, _ = build_case("batchnorm")
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+    for subset in ("all", "last_layer"):
+        result = laplace(model, x, y, subset=subset, num_samples=4, map_options={"max_epochs": 2, "progress": False})
+        pred = result.predict(x_test)
+        assert torch.isfinite(pred.probs).all()
+    # the network's own statistics are the ones used, and left as they were
+    after = model.net.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before if "running" in k or "num_batches" in k)

@@ -74,7 +74,7 @@ def test_mclmc_bias_shrinks_with_the_target_energy_variance():
 def test_mclmc_reaches_the_exact_conjugate_posterior():
     X, y, mean, precision = conjugate_problem(seed=2)
     result = mclmc(bayesian_linear_model(), X, y, num_samples=20_000, num_warmup=(2000, 500, 500), thinning=5,
-                   num_chains=4, energy_variance=1e-6, step_size=None, L=None, compile=False, progress=False)
+                   num_chains=4, energy_variance=1e-6, step_size=None, L=None, backend="eager", progress=False)
     w = result.samples["weight"].reshape(4, -1, 3)
     check_exact_posterior(w, mean, torch.linalg.inv(precision))
 
@@ -135,3 +135,19 @@ def test_mclmc_refuses_bad_arguments():
         sample_mclmc(gaussian, torch.zeros(1, 20, dtype=torch.float64), 10, (10, 10, 10), thinning=0, progress=False)
     with pytest.raises(ValueError, match="two dimensions"):
         sample_mclmc(lambda z: (0.5 * (z**2).sum(-1), z), torch.zeros(1, 1), 10, (10, 10, 10), progress=False)
+    model = bayesian_linear_model()
+    X, y, _, _ = conjugate_problem()
+    with pytest.raises(ValueError, match=r"mclmc: num_warmup must be an integer >= 0, got -1"):
+        mclmc(model, X, y, num_warmup=(10, -1, 5), progress=False)
+    with pytest.raises(ValueError, match="num_warmup must be a number of steps or the steps of the three tuning phases"):
+        mclmc(model, X, y, num_warmup=(10, 5), progress=False)
+
+
+@pytest.mark.parametrize("num_warmup", [0, 14, 30, 36, (20, 5, 3)])
+def test_a_short_warm_up_runs_skipping_a_third_phase_too_short_for_an_effective_sample_size(num_warmup):
+    """A third phase of 2 or 3 steps cannot give an effective sample size (which needs 4 draws):
+    it is skipped, L keeping the second phase's value, where the run used to fail at its end."""
+    X, y, _, _ = conjugate_problem()
+    result = mclmc(bayesian_linear_model(), X, y, num_samples=20, num_warmup=num_warmup, num_chains=2, thinning=2, backend="eager",
+                   progress=False)
+    assert result.num_draws == 10 and torch.isfinite(result.stats["L"]).all()

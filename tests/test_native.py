@@ -191,20 +191,26 @@ def test_the_cache_is_built_once_and_refuses_what_it_cannot_trust(fresh_cache, m
     assert reload()["event"] == "loaded"
 
 
-def test_the_budget_picks_the_path(fresh_cache):
-    """A run too short for a build stays eager and says so; a long one builds the native
-    kernels, and the next run finds them in the cache; compile=False stays eager."""
+def test_the_rule_picks_the_backend_and_never_the_cache(fresh_cache):
+    """The native kernels wherever they apply, short run or long: built on the first run, read
+    from the cache on the next, and the draws the same both times; backend="eager" stays eager;
+    compile= still works, with a DeprecationWarning."""
     model, x, y = small_bnn()
     short = nuts(model, x, y, num_samples=2, num_warmup=2, max_tree_depth=2, num_chains=2, progress=False)
-    assert short.stats["path"] == "eager" and "less than building the native kernels" in short.stats["path_reason"]
-    assert not os.path.exists(fresh_cache) or not os.listdir(fresh_cache)
-    long = nuts(model, x, y, num_samples=5, num_warmup=5, max_tree_depth=10, num_chains=2, progress=False)
-    assert long.stats["path"] == "native" and "built the native kernels" in long.stats["path_reason"]
+    assert short.stats["path"] == "native" and "built them" in short.stats["path_reason"]
     again = nuts(model, x, y, num_samples=2, num_warmup=2, max_tree_depth=2, num_chains=2, progress=False)
     assert again.stats["path"] == "native" and "cache" in again.stats["path_reason"]
-    assert nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=2, compile=False, progress=False).stats["path"] == "eager"
+    assert all(torch.equal(short.samples[k], again.samples[k]) for k in short.samples)
+    assert nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=2, backend="eager", progress=False).stats["path"] == "eager"
+    with pytest.warns(DeprecationWarning, match="compile= is deprecated"):
+        old = nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=2, compile=False, progress=False)
+    assert old.stats["path"] == "eager"
     with pytest.raises(ValueError, match="compile must be 'auto', True or False"):
         nuts(model, x, y, compile="yes")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        nuts(model, x, y, backend="fast")
+    with pytest.raises(ValueError, match="give backend= or the deprecated compile=, not both"):
+        nuts(model, x, y, backend="eager", compile=True)
 
 
 def test_models_the_kernels_do_not_take_keep_the_torch_path():
@@ -220,7 +226,9 @@ def test_models_the_kernels_do_not_take_keep_the_torch_path():
         assert name in native.unsupported_reason(model, x)
         target = (y > 0).float() if isinstance(model.likelihood, pyrobnn.BernoulliLikelihood) else y
         result = nuts(model, x, target, num_samples=2, num_warmup=2, max_tree_depth=2, num_chains=2, progress=False)
-        assert result.stats["path"] == "eager" and name in result.stats["path_reason"]
+        assert result.stats["path"] == "eager" and name in result.stats["path_reason"] and "too few for compiling to pay" in result.stats["path_reason"]
+        with pytest.raises(ValueError, match="backend='native' does not apply to this run: .*" + name):
+            nuts(model, x, target, num_samples=2, num_warmup=2, num_chains=2, backend="native", progress=False)
     with pytest.raises(ValueError, match="do not apply"):
         native.NativeMLP(FlatPotential(cases[0][0], x, y))
     classifier = pyrobnn.BayesianModel(pyrobnn.MLP(2, 3, hidden=(4,)), pyrobnn.CategoricalLikelihood())
@@ -231,9 +239,10 @@ def test_models_the_kernels_do_not_take_keep_the_torch_path():
 
 
 def test_mclmc_on_a_large_network_with_many_chains_takes_the_batched_compiled_path():
-    """MILE-sized networks: MCLMC's lockstep chains run in Inductor's batched products when the
-    run is long enough to pay for compiling; a short run, few chains, and NUTS stay native."""
-    from pyrobnn.infer.mcmc.budget import choose_path
+    """MILE-sized networks: MCLMC's lockstep chains run in Inductor's batched products, whatever
+    the run's length (the rule reads the model and the chains, not the budget); few chains, and
+    NUTS, stay native."""
+    from pyrobnn.infer.mcmc.backend import choose_path
 
     torch.manual_seed(0)
     x, y = torch.randn(800, 8), torch.randn(800, 1)
@@ -243,7 +252,7 @@ def test_mclmc_on_a_large_network_with_many_chains_takes_the_batched_compiled_pa
     z12 = torch.randn(12, potential.dim) * 0.1
     path = choose_path(potential, z12, "auto", "MCLMC", 2 * 60_000)
     assert path.kind == "torch.compile" and "lockstep" in path.reason
-    assert choose_path(potential, z12, "auto", "MCLMC", 20).kind == "native"  # too short to pay for compiling; the library is built
+    assert choose_path(potential, z12, "auto", "MCLMC", 20).kind == "torch.compile"
     assert choose_path(potential, z12, "auto", "NUTS", 2 * 60_000).kind == "native"
     assert choose_path(potential, z12[:4], "auto", "MCLMC", 2 * 60_000).kind == "native"
 

@@ -50,7 +50,7 @@ def test_swag_runs_on_a_model_and_feeds_predict():
     assert result.num_chains == 2 and result.num_draws == 20
     pred = pyrobnn.predict(model, result, x[:3])
     assert pred.epistemic_std.min() > 0
-    with pytest.raises(ValueError, match="num_epochs must be at least 2"):
+    with pytest.raises(ValueError, match="swag: num_epochs must be an integer >= 2, got 1"):
         swag(model, x, y, num_epochs=1)
 
 

@@ -65,7 +65,7 @@ def test_fit_reports_nll_and_kl_apart_and_improves():
     x, y = regression_data()
     model = mlp_model()
     guide = pyrobnn.MeanFieldNormal(model)
-    history = pyrobnn.fit(model, guide, x, y, epochs=300, batch_size=16, lr=0.02, progress=False, seed=0)
+    history = pyrobnn.fit(model, guide, x, y, epochs=300, batch_size=16, lr=0.02, progress=False, seed=0).history
     assert len(history) == 300 and history.steps == 300 * 4
     assert history.kl_methods == {s.name: "monte_carlo" for s in model.sites}
     for loss, nll, kl, beta in zip(history.loss, history.nll, history.kl, history.kl_weight):
@@ -80,7 +80,7 @@ def test_fit_accepts_a_dataloader_and_kl_annealing():
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
     model = mlp_model()
     guide = pyrobnn.MeanFieldNormal(model)
-    history = pyrobnn.fit(model, guide, loader=loader, epochs=6, kl_annealing=(2, 4), lr=0.01, progress=False)
+    history = pyrobnn.fit(model, guide, loader=loader, epochs=6, kl_annealing=(2, 4), lr=0.01, progress=False).history
     # epoch-averaged KL weight: steps at fractional epochs e + i/4
     # (t - 2) / 2 at t = e, e + 0.25, e + 0.5, e + 0.75, clipped to [0, 1]
     expected = [0.0, 0.0, 0.1875, 0.6875, 1.0, 1.0]
@@ -147,7 +147,7 @@ def test_resumed_training_equals_an_uninterrupted_run(tmp_path, num_particles):
         history = pyrobnn.fit(
             model, guide, x, y, epochs=epochs, batch_size=16, lr=0.02, progress=False, seed=5,
             checkpoint=checkpoint, resume=resume, kl_annealing=(1, 3), num_particles=num_particles,
-        )
+        ).history
         return guide, history
 
     full_guide, full_history = run(6)
@@ -423,5 +423,31 @@ def test_mean_field_scales_too_small_to_represent_are_refused_and_a_zero_posteri
         for rho in guide.rho.values():
             rho.fill_(-200.0)  # softplus(-200) is exactly 0 in float32
     x, y = torch.randn(16, 1), torch.randn(16, 1)
-    history = pyrobnn.fit(model, guide, x, y, epochs=2, progress=False)
+    history = pyrobnn.fit(model, guide, x, y, epochs=2, progress=False).history
     assert all(math.isfinite(v) for v in history.loss)
+
+
+def test_batch_normalization_in_training_mode_takes_several_particles():
+    """Vectorized particles through a network whose batch normalization updates running
+    statistics: each weight draw normalizes by its own batch statistics, and the running
+    statistics move by the draws' average (vmap cannot update one buffer from every draw)."""
+    from pyrobnn.testing import build_case
+
+    model, x, y, _, _ = build_case("batchnorm")
+    norm = model.net.features[1]
+    assert norm.training and norm.num_batches_tracked.item() == 0
+    vi = pyrobnn.fit(model, pyrobnn.MeanFieldNormal(model), x, y, epochs=2, num_particles=3, progress=False, seed=0)
+    assert all(math.isfinite(v) for v in vi.history.loss)
+    # two steps, and the one trace Pyro's ELBO makes on its first call to count the model's plates
+    assert norm.num_batches_tracked.item() == 3 and not torch.equal(norm.running_mean, torch.zeros_like(norm.running_mean))
+    # one weight draw: its batch statistics update the running mean by the momentum rule
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(0.1), random=[net[0]])
+    w = torch.randn(2, 3, 2)  # two draws of the linear layer's weight
+    b = torch.zeros(2, 3)
+    xb = torch.randn(16, 2)
+    from pyrobnn.models.functional import call_with_weights
+
+    call_with_weights(net, model.sites, {"0.weight": w, "0.bias": b}, xb)
+    expected = 0.1 * torch.stack([(xb @ w[i].T).mean(0) for i in range(2)]).mean(0)
+    assert torch.allclose(net[1].running_mean, expected, atol=1e-6)

@@ -69,6 +69,34 @@ def test_numpy_inputs_are_accepted():
     fit(model, guide, X.numpy(), Y.numpy())
 
 
+def test_numpy_float64_arrays_work_in_fit_and_in_pyros_own_svi_and_predictive():
+    model, guide = regression()  # a float32 model: NumPy's float64 default is no choice of a dtype
+    x, y = X.double().numpy(), Y.double().numpy()
+    fit(model, guide, x, y)
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), pyro.infer.Trace_ELBO())
+    assert np.isfinite(svi.step(x, y))
+    draws = pyro.infer.Predictive(model, guide=guide, num_samples=3, parallel=True)(x)
+    assert draws["obs"].shape == (3, 10, 1) and draws["obs"].dtype == torch.float32
+    labels_model, labels_guide = classifier()
+    fit(labels_model, labels_guide, x, LABELS.numpy())
+    with pytest.raises(ValueError, match="x must hold numbers, got a numpy array of dtype object"):
+        fit(model, guide, np.array([["a"] * 3] * 10, dtype=object), y)
+    with pytest.raises(ValueError, match="x has dtype torch.float64 but the network's parameters are torch.float32"):
+        fit(model, guide, X.double(), Y)  # a tensor's dtype is the user's choice: refused, not converted
+
+
+@pytest.mark.parametrize("dataset,yielded", [
+    (lambda x, y: [{"x": a, "y": b} for a, b in zip(x, y)], r"it yielded a dict with keys \['x', 'y'\]"),
+    (lambda x, y: torch.utils.data.TensorDataset(x, y, torch.ones(len(x))), "it yielded a list of 3 items"),
+    (lambda x, y: x, "it yielded a Tensor"),
+])
+def test_a_loader_that_does_not_yield_pairs_is_told_what_to_yield(dataset, yielded):
+    model, guide = regression()
+    loader = torch.utils.data.DataLoader(dataset(X, Y), batch_size=5)
+    with pytest.raises(ValueError, match=r"a DataLoader for fit must yield \(x, y\) pairs .*" + yielded):
+        pyrobnn.fit(model, guide, loader=loader, epochs=1, progress=False)
+
+
 def test_direct_pyro_use_never_broadcasts_targets():
     model, guide = regression()
     elbo = pyro.infer.Trace_ELBO()
@@ -203,7 +231,7 @@ def test_the_model_refuses_non_finite_data_under_pyros_own_svi_and_predictive(mo
     (lambda m, g, x, y: pyrobnn.KLAnnealing(float("nan"), 1.0), "KL annealing needs 0 <= start <= end"),
     (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, lr=-1.0, max_epochs=1, progress=False), "lr must be a finite positive number"),
     (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, weight_decay=-1.0, max_epochs=1, progress=False), "weight_decay must be a finite non-negative"),
-    (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, batch_size=1.5, max_epochs=1, progress=False), "batch_size must be a positive integer"),
+    (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, batch_size=1.5, max_epochs=1, progress=False), "deep_ensemble: batch_size must be an integer >= 1, got 1.5"),
     (lambda m, g, x, y: pyrobnn.infer.mcmc.samplers.mclmc(m, x, y, num_samples=4, num_warmup=(2, 1, 1), step_size=-1.0, progress=False), "step_size must be a finite positive number"),
     (lambda m, g, x, y: pyrobnn.infer.mcmc.samplers.mclmc(m, x, y, num_samples=4, num_warmup=(2, 1, 1), L=0.0, progress=False), "L must be a finite positive number"),
     (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, num_processes=0, progress=False), "num_processes must be a positive integer"),

@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
     pyrobnn.laplace(clf, x, y, map_estimate=ensemble.member(0)).predict(x)
     xr, yr = gap_regression(n=40, seed=5)
     reg = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(8,)), pyrobnn.GaussianLikelihood(scale=dist.LogNormal(-2.0, 1.0)), pyrobnn.NormalPrior(1.0))
-    post = pyrobnn.nuts(reg, xr, yr, num_samples=10, num_warmup=10, num_chains=2, compile=False, progress=False)
+    post = pyrobnn.nuts(reg, xr, yr, num_samples=10, num_warmup=10, num_chains=2, backend="eager", progress=False)
     post.to_arviz(xr, yr)
     post.summary()
     module = pyrobnn.SVIModule(clf, pyrobnn.MeanFieldNormal(clf))

@@ -1,10 +1,10 @@
 """The methods of ``pyrobnn compare``, one registry entry each, and the effort each gets.
 
 A :class:`Method` says how to build its model's prior and how to fit it on a split; every fit
-returns a posterior with the verbs of :mod:`pyrobnn.infer.posterior` (a
-:class:`~pyrobnn.infer.posterior.Posterior` or a
-:class:`~pyrobnn.infer.variational.VariationalPosterior`), whose ``predict`` the runner scores.
-Adding a method to the comparison is one :func:`register` call.
+returns a result of the protocol :class:`~pyrobnn.infer.result.Result`, whose ``predict`` the
+runner scores. Each entry names the method of the library's registry (:mod:`pyrobnn.methods`)
+that it runs, with the effort the comparison gives it; adding a method to the comparison is one
+:func:`register` call.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pyrobnn.infer.mcmc import ensemble_sampling, nuts
 from pyrobnn.infer.modes import deep_ensemble, laplace, swag
 from pyrobnn.infer.sgmcmc import sghmc, sgld, smile
 from pyrobnn.infer.svi import ivon
-from pyrobnn.infer.variational import VariationalPosterior
 
 __all__ = ["Method", "METHODS", "REFERENCES", "register", "Settings", "settings", "build_model", "split_ensemble", "predict_on"]
 
@@ -38,6 +37,7 @@ class Method:
     :ivar prior: the weight prior its family is defined with.
     :ivar on_ensemble: built on the split's deep ensemble, whose training time then counts in
         its fit time even when another method trained it first.
+    :ivar method: the key of the method it runs in the library's registry (:mod:`pyrobnn.methods`).
     """
 
     key: str
@@ -45,6 +45,7 @@ class Method:
     fit: Callable
     prior: Callable = _normal_prior
     on_ensemble: bool = False
+    method: str = ""
 
 
 #: the compared methods, by key (``pyrobnn compare --methods``); the reference's row (key
@@ -120,10 +121,9 @@ def split_ensemble(model, split, s, seed, progress, shared):
 
 
 def predict_on(posterior, x, s, seed):
-    """A method's predictive at ``x``: all of a posterior's draws, or ``num_predictive`` draws
-    of a guide."""
-    num = s.num_predictive if isinstance(posterior, VariationalPosterior) else None
-    return posterior.predict(x, num, seed=seed)
+    """A method's predictive at ``x`` from the result's own draws (all of a posterior's stored
+    draws; ``num_predictive`` draws of a guide, which the guide methods set as its ``num_draws``)."""
+    return posterior.predict(x, seed=seed)
 
 
 # -- the reference samplers ------------------------------------------------------------------
@@ -145,9 +145,9 @@ def _ensemble_initialized(sampler):
     return fit
 
 
-register(Method("ensemble-mclmc", "DE-initialized MCLMC (reference)", _ensemble_initialized("mclmc"), on_ensemble=True), reference=True)
-register(Method("ensemble-nuts", "DE-initialized NUTS (reference)", _ensemble_initialized("nuts"), on_ensemble=True), reference=True)
-register(Method("nuts", "NUTS from random starts (reference)", _random_start_nuts), reference=True)
+register(Method("ensemble-mclmc", "DE-initialized MCLMC (reference)", _ensemble_initialized("mclmc"), on_ensemble=True, method="ensemble_sampling"), reference=True)
+register(Method("ensemble-nuts", "DE-initialized NUTS (reference)", _ensemble_initialized("nuts"), on_ensemble=True, method="ensemble_sampling"), reference=True)
+register(Method("nuts", "NUTS from random starts (reference)", _random_start_nuts, method="nuts"), reference=True)
 
 
 # -- the compared methods --------------------------------------------------------------------
@@ -197,35 +197,39 @@ def _smile(model, split, s, seed, progress, shared):
 
 
 def _ivon(model, split, s, seed, progress, shared):
-    return ivon(model, split["x_train"], split["y_train"], epochs=s.epochs, batch_size=s.batch_size or split["x_train"].shape[0],
-                seed=seed, progress=progress)
+    result = ivon(model, split["x_train"], split["y_train"], epochs=s.epochs, batch_size=s.batch_size or split["x_train"].shape[0],
+                  seed=seed, progress=progress)
+    result.num_draws = s.num_predictive
+    return result
 
 
 def _vi(make_guide, elbo="meanfield", estimator="local"):
     def fit(model, split, s, seed, progress, shared):
         guide = make_guide(model)
-        history = pyrobnn.fit(model, guide, split["x_train"], split["y_train"], epochs=s.epochs, batch_size=s.batch_size, lr=s.lr,
-                              elbo=elbo, estimator=estimator, progress=progress, seed=seed)
-        return VariationalPosterior(model, guide, history, settings=dict(epochs=s.epochs, batch_size=s.batch_size, lr=s.lr, elbo=elbo))
+        result = pyrobnn.fit(model, guide, split["x_train"], split["y_train"], epochs=s.epochs, batch_size=s.batch_size, lr=s.lr,
+                             elbo=elbo, estimator=estimator, progress=progress, seed=seed)
+        result.num_draws = s.num_predictive
+        return result
 
     return fit
 
 
 for _method in (
-    Method("ensemble", "deep ensemble", _the_ensemble, on_ensemble=True),
-    Method("laplace", "Laplace (KFAC, all weights, GLM predictive)", _laplace, on_ensemble=True),
-    Method("swag", "SWAG", _swag, on_ensemble=True),
-    Method("sgld", "SGLD (from the ensemble)", _sg_mcmc(sgld), on_ensemble=True),
-    Method("sghmc", "SGHMC (from the ensemble)", _sg_mcmc(sghmc, friction=0.1), on_ensemble=True),
-    Method("smile", "pSMILE (from the ensemble)", _smile, on_ensemble=True),
-    Method("ivon", "IVON (diagonal Gaussian, natural gradient)", _ivon),
-    Method("meanfield", "mean-field, Gaussian prior", _vi(lambda m: pyrobnn.MeanFieldNormal(m))),
+    Method("ensemble", "deep ensemble", _the_ensemble, on_ensemble=True, method="deep_ensemble"),
+    Method("laplace", "Laplace (KFAC, all weights, GLM predictive)", _laplace, on_ensemble=True, method="laplace"),
+    Method("swag", "SWAG", _swag, on_ensemble=True, method="swag"),
+    Method("sgld", "SGLD (from the ensemble)", _sg_mcmc(sgld), on_ensemble=True, method="sgld"),
+    Method("sghmc", "SGHMC (from the ensemble)", _sg_mcmc(sghmc, friction=0.1), on_ensemble=True, method="sghmc"),
+    Method("smile", "pSMILE (from the ensemble)", _smile, on_ensemble=True, method="smile"),
+    Method("ivon", "IVON (diagonal Gaussian, natural gradient)", _ivon, method="ivon"),
+    Method("meanfield", "mean-field, Gaussian prior", _vi(lambda m: pyrobnn.MeanFieldNormal(m)), method="meanfield"),
     Method("meanfield_mixture", "mean-field, scale-mixture prior", _vi(lambda m: pyrobnn.MeanFieldNormal(m), elbo="trace"),
-           prior=lambda: pyrobnn.ScaleMixturePrior(0.5, 1.0, math.exp(-6))),
+           prior=lambda: pyrobnn.ScaleMixturePrior(0.5, 1.0, math.exp(-6)), method="meanfield"),
     Method("variational_dropout", "variational dropout", _vi(lambda m: pyrobnn.VariationalDropout(m, log_alpha_range=(-8.0, 0.0))),
-           prior=lambda: pyrobnn.LogUniformPrior()),
-    Method("sparse_vd", "sparse VD, log-uniform prior", _vi(lambda m: pyrobnn.SparseVariationalDropout(m)), prior=lambda: pyrobnn.LogUniformPrior()),
-    Method("mc_dropout", "MC dropout", _vi(lambda m: pyrobnn.MCDropout(m, p=0.05))),
-    Method("concrete_dropout", "concrete dropout", _vi(lambda m: pyrobnn.ConcreteDropout(m))),
+           prior=lambda: pyrobnn.LogUniformPrior(), method="variational_dropout"),
+    Method("sparse_vd", "sparse VD, log-uniform prior", _vi(lambda m: pyrobnn.SparseVariationalDropout(m)), prior=lambda: pyrobnn.LogUniformPrior(),
+           method="sparse_vd"),
+    Method("mc_dropout", "MC dropout", _vi(lambda m: pyrobnn.MCDropout(m, p=0.05)), method="mc_dropout"),
+    Method("concrete_dropout", "concrete dropout", _vi(lambda m: pyrobnn.ConcreteDropout(m)), method="concrete_dropout"),
 ):
     register(_method)

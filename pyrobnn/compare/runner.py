@@ -83,7 +83,7 @@ def _reference_diagnostics(reference, model, result, split, ensemble=None):
     if reference == "nuts":
         idata = diagnostics.inference_data(model, result, split["x_test"], split["y_test"])
         out = diagnostics.convergence_summary(idata)
-        found = diagnostics.degeneracy(model, result.samples, x_train=split["x_train"], y_train=split["y_train"])
+        found = diagnostics.degeneracy(model, result.as_draws().samples, x_train=split["x_train"], y_train=split["y_train"])
         out["degenerate"] = found["degenerate"]
         if found["degenerate"]:
             out["verdict"] = diagnostics.within_chain_summary(

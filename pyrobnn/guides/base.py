@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 import pyro
 import pyro.distributions as dist
@@ -14,7 +15,7 @@ from pyrobnn.numerics import softplus
 from pyrobnn.params import call_substituted, pyro_params
 from pyrobnn.validation import check_same_placement
 
-__all__ = ["WeightGuide", "inverse_softplus", "site_key"]
+__all__ = ["WeightGuide", "MeanGuide", "inverse_softplus", "site_key"]
 
 
 def inverse_softplus(x):
@@ -25,6 +26,15 @@ def inverse_softplus(x):
 def site_key(name: str) -> str:
     """``nn.ParameterDict`` keys may not contain dots."""
     return name.replace(".", ":")
+
+
+@runtime_checkable
+class MeanGuide(Protocol):
+    """A guide that knows its posterior mean, ``{site: E_q[w]}`` for every weight site and latent
+    likelihood site: ours (:class:`WeightGuide`) and guides built on them
+    (:class:`~pyrobnn.sparsity.PrunedGuide`). ``pyrobnn.predict(..., method="mean")`` takes them."""
+
+    def posterior_mean(self) -> dict: ...
 
 
 class WeightGuide(nn.Module):
@@ -83,6 +93,12 @@ class WeightGuide(nn.Module):
 
     def posterior_mean_of(self, site) -> torch.Tensor:
         raise NotImplementedError
+
+    def config(self) -> dict:
+        """The constructor's settings that shape the guide (its class and these rebuild it
+        before its state is loaded: :meth:`VariationalPosterior.load
+        <pyrobnn.infer.variational.VariationalPosterior.load>`); plain values only."""
+        return {}
 
     def fused_terms(self, site, prior):
         """A pure function and its tensor arguments computing ``(loc, scale, kl_sum)`` of a

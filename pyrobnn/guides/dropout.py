@@ -9,19 +9,14 @@ from torch import nn
 
 from pyrobnn.distributions import BernoulliUnitNoise, ConcreteUnitNoise
 from pyrobnn.guides.base import WeightGuide, site_key
-from pyrobnn.priors import NormalPrior
+from pyrobnn.methods import refuse_unsupported
 
 __all__ = ["MCDropout", "ConcreteDropout"]
 
 
-def _check_normal_prior(model, guide_name):
+def _check_model(model, key, guide_name):
+    refuse_unsupported(key, model, guide_name)
     for site in model.sites:
-        prior = model.site_prior(site)
-        if not isinstance(prior, NormalPrior):
-            raise ValueError(
-                f"{guide_name}'s KL (Gal & Ghahramani 2016) is defined against a zero-mean Normal "
-                f"prior; site {site.name!r} has {prior!r}"
-            )
         if site.unit_shape is None:
             raise ValueError(
                 f"site {site.name!r}: dropout needs the input-unit axis of the layer, unknown for "
@@ -62,7 +57,7 @@ class MCDropout(WeightGuide):
 
     def __init__(self, model, p=0.5):
         super().__init__(model)
-        _check_normal_prior(model, "MC dropout")
+        _check_model(model, "mc_dropout", "MCDropout")
         self.loc = nn.ParameterDict()
         self.dropout_rates = {}
         for site in self.sites:
@@ -71,6 +66,9 @@ class MCDropout(WeightGuide):
             if not 0 <= rate < 1:
                 raise ValueError(f"dropout rate must be in [0, 1), got {rate} for {site.name!r}")
             self.dropout_rates[site.name] = rate
+
+    def config(self) -> dict:
+        return {"p": dict(self.dropout_rates)}
 
     def posterior(self, site):
         loc = self.loc[site_key(site.name)]
@@ -95,12 +93,13 @@ class ConcreteDropout(WeightGuide):
 
     def __init__(self, model, init_p: float = 0.1, temperature: float = 0.1):
         super().__init__(model)
-        _check_normal_prior(model, "Concrete dropout")
+        _check_model(model, "concrete_dropout", "ConcreteDropout")
         if not 0 < init_p < 1:
             raise ValueError(f"init_p must be in (0, 1), got {init_p}")
         if not temperature > 0:
             raise ValueError("temperature must be positive")
         self.temperature = float(temperature)
+        self.init_p = float(init_p)
         self.loc = nn.ParameterDict()
         self.p_logit = nn.ParameterDict()
         logit = torch.logit(torch.tensor(float(init_p), dtype=model.dtype, device=model.device))
@@ -108,6 +107,9 @@ class ConcreteDropout(WeightGuide):
             self.loc[site_key(site.name)] = nn.Parameter(model.init_value(site).detach().clone())
             if len(site.unit_shape):
                 self.p_logit[site_key(site.module_name or "_root")] = nn.Parameter(logit.clone())
+
+    def config(self) -> dict:
+        return {"init_p": self.init_p, "temperature": self.temperature}
 
     def dropout_prob(self, site) -> torch.Tensor:
         return torch.sigmoid(self.p_logit[site_key(site.module_name or "_root")])

@@ -77,6 +77,9 @@ class MeanFieldNormal(WeightGuide):
                 torch.full_like(value, inverse_softplus(torch.tensor(self.init_scale, dtype=torch.float64)).item())
             )
 
+    def config(self) -> dict:
+        return {"init_scale": self.init_scale}
+
     def scale_of(self, site) -> torch.Tensor:
         return positive_scale(self.rho[site_key(site.name)])
 

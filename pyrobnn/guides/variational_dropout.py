@@ -12,6 +12,7 @@ from torch import nn
 from pyrobnn.distributions import GaussianUnitNoise, LogUniform, MultiplicativeNormal
 from pyrobnn.guides.base import WeightGuide, site_key
 from pyrobnn.kl import log_uniform_kl
+from pyrobnn.methods import refuse_unsupported
 from pyrobnn.priors import LogUniformPrior
 
 __all__ = ["VariationalDropout", "SparseVariationalDropout", "GaussianDropout", "sparse_vd_terms"]
@@ -125,6 +126,10 @@ class VariationalDropout(WeightGuide):
                     torch.full(shape, -4.0 if init_log_alpha is None else float(init_log_alpha), dtype=value.dtype, device=value.device)
                 )
 
+    def config(self) -> dict:
+        alpha = self.mode if self.fixed_log_alpha is None else math.exp(self.fixed_log_alpha)
+        return {"alpha": alpha, "log_alpha_range": list(self.log_alpha_range), "train_clip": self.train_clip}
+
     def _clip(self, log_alpha):
         return torch.clamp(log_alpha, *self.log_alpha_range)
 
@@ -166,6 +171,9 @@ class SparseVariationalDropout(VariationalDropout):
     def __init__(self, model, init_log_sigma2: float = -10.0, log_alpha_range=(-8.0, 8.0), train_clip: Optional[float] = None):
         super().__init__(model, "weight", init_log_sigma2=init_log_sigma2, log_alpha_range=log_alpha_range, train_clip=train_clip)
 
+    def config(self) -> dict:
+        return {"log_alpha_range": list(self.log_alpha_range), "train_clip": self.train_clip}
+
 
 class GaussianDropout(VariationalDropout):
     r"""Gaussian dropout with a fixed rate ``p`` on every layer's inputs (Srivastava et al.
@@ -174,7 +182,11 @@ class GaussianDropout(VariationalDropout):
     (Kingma et al. 2015), so training it is ordinary Gaussian dropout."""
 
     def __init__(self, model, p: float = 0.5):
+        refuse_unsupported("gaussian_dropout", model, "GaussianDropout")
         if not 0 < p < 1:
             raise ValueError(f"dropout rate p must be in (0, 1), got {p}")
         super().__init__(model, alpha=p / (1 - p), log_alpha_range=(-20.0, 20.0))
         self.p = float(p)
+
+    def config(self) -> dict:
+        return {"p": self.p}

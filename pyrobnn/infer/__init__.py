@@ -6,8 +6,8 @@
 - :mod:`pyrobnn.infer.modes`: posteriors from optimized modes (deep ensembles, Laplace, SWAG);
 - :mod:`pyrobnn.infer.lightning`: the training objectives as Lightning modules.
 
-Shared by them: the result type (:mod:`.posterior`, and :mod:`.variational` for a trained
-guide), the flat potential (:mod:`.potential`), the curvature estimate (:mod:`.curvature`) and
+Shared by them: the result protocol (:mod:`.result`), its draws (:mod:`.posterior`) and a
+trained guide (:mod:`.variational`), the flat potential (:mod:`.potential`), the curvature estimate (:mod:`.curvature`) and
 process spreading (:mod:`.processes`). The import paths of pyrobnn 0.1 (``pyrobnn.infer.fit``,
 ``pyrobnn.infer.hmc``, ...) still work for one release, with a ``DeprecationWarning``
 (:mod:`.moved`).

@@ -1,5 +1,5 @@
 r"""One result type for every posterior method: draws of the model's latent sites with the verbs
-every method shares.
+every method shares (the protocol :class:`~pyrobnn.infer.result.Result`).
 
 A :class:`Posterior` holds draws ``{site: (chains, draws, *shape)}`` of a
 :class:`~pyrobnn.models.BayesianModel`'s latent sites (its random weights and any latent noise
@@ -13,8 +13,10 @@ predictive, the moments). A trained guide gets the same verbs through
 
 The verbs:
 
-- ``predict(x)``: the posterior predictive (:func:`pyrobnn.predict`), the mixture over all draws;
+- ``predict(x)``: the posterior predictive (:func:`~pyrobnn.predictive.predict_draws`), the
+  mixture over all draws;
 - ``to_arviz(x, y)``: an ``arviz.InferenceData`` (:func:`pyrobnn.diagnostics.inference_data`);
+- ``as_draws()``: itself, or a subset of its draws;
 - ``save(path)`` / ``Posterior.load(path, model)``: one file written atomically and read with
   ``torch.load(weights_only=True)``; the model's structure is recorded and a model that differs is
   refused, naming what differs;
@@ -28,52 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from pyrobnn.infer.result import FAMILIES, STATS, Result, check_stats
+from pyrobnn.validation import check_positive_int
+
 __all__ = ["Posterior", "STATS", "FAMILIES", "structure", "check_structure", "load_posterior", "evenly_spaced", "FORMAT"]
 
 FORMAT = "pyrobnn-posterior"
 VERSION = 1
-
-#: What a posterior's ``stats`` may hold, and in which shape: ``"draw"`` values are
-#: ``(chains, draws, ...)``, ``"chain"`` values ``(chains, ...)`` and ``"run"`` values describe
-#: the whole run (a number, a string, or a tensor without a chain axis). Any other key is refused,
-#: so that no method records a statistic that the verbs would then not find.
-STATS = {
-    # per draw
-    "diverging": ("draw", "whether the NUTS transition to this draw diverged"),
-    "accept_prob": ("draw", "NUTS's mean acceptance probability over the tree"),
-    "tree_depth": ("draw", "the depth of the NUTS tree"),
-    "num_steps": ("draw", "leapfrog steps of the NUTS transition"),
-    "energy": ("draw", "the potential, -log p(w, D) up to a constant, at the draw"),
-    "energy_change": ("draw", "the energy error of the MCLMC or SMILE step that made the draw"),
-    # per chain (or member, or run of MultiSWAG)
-    "step_size": ("chain", "the sampler's (final) step size"),
-    "L": ("chain", "MCLMC's momentum decoherence length"),
-    "inv_mass": ("chain", "the diagonal inverse mass matrix (preconditioner)"),
-    "nonfinite": ("chain", "steps undone because they gave a non-finite value, while sampling"),
-    "nonfinite_warmup": ("chain", "steps undone because they gave a non-finite value, while tuning"),
-    "resets": ("chain", "SMILE steps undone by the energy-error guardrail, while sampling"),
-    "resets_warmup": ("chain", "SMILE steps undone by the energy-error guardrail, while tuning"),
-    "val_nll": ("chain", "a member's best validation negative log-likelihood per point"),
-    "train_loss": ("chain", "a member's final training loss per point"),
-    "best_epoch": ("chain", "the epoch of a member's best validation loss"),
-    "epochs": ("chain", "epochs a member trained"),
-    # the run
-    "step": ("run", "the step (counted from 1) that made each kept draw (SG-MCMC)"),
-    "lr": ("run", "the learning rate (SWAG's SGD)"),
-    "epoch_loss": ("run", "the training loss per point after each epoch (SWAG)"),
-    "path": ("run", "which code ran the sampler: native, torch.compile or eager"),
-    "path_reason": ("run", "why that code ran"),
-}
-
-#: a method's family: what its draws are, and so which diagnostics apply
-FAMILIES = {
-    "mcmc": "Markov chains of a full-batch sampler",
-    "sgmcmc": "Markov chains of a stochastic-gradient sampler (no Metropolis correction)",
-    "ensemble": "one draw per member of a deep ensemble (independent optima)",
-    "laplace": "independent draws from a Gaussian at the MAP (Laplace)",
-    "swag": "independent draws from the SWAG Gaussian",
-    "variational": "draws from a trained guide",
-}
 
 
 def structure(model) -> dict:
@@ -106,23 +69,11 @@ def check_structure(saved: dict, model, path) -> None:
         raise ValueError(f"{path} was saved for the latent sites {saved.get('latent_sites')}; this model has {current['latent_sites']}")
 
 
-def _check_stats(stats: dict, chains: int, draws: int) -> None:
-    for key, value in stats.items():
-        if key not in STATS:
-            raise ValueError(f"stats key {key!r} is not in the schema (pyrobnn.infer.posterior.STATS)")
-        kind = STATS[key][0]
-        if kind == "run" or not isinstance(value, torch.Tensor):
-            continue
-        expected = (chains, draws) if kind == "draw" else (chains,)
-        if tuple(value.shape[: len(expected)]) != expected:
-            raise ValueError(f"stats[{key!r}] has shape {tuple(value.shape)}; a {kind} statistic needs {expected} first")
-
-
 _KINDS: dict = {}
 
 
 @dataclass
-class Posterior:
+class Posterior(Result):
     """Draws of every latent site, ``{name: (chains, draws, *shape)}``, with the method's
     statistics (:data:`STATS`), its wall time in seconds, a label, its family (:data:`FAMILIES`),
     the settings it was made with, and the model it belongs to."""
@@ -147,7 +98,7 @@ class Posterior:
             raise ValueError(f"every site needs draws of shape (chains, draws, ...) with the same chains and draws, got {shapes}")
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {self.family!r}")
-        _check_stats(self.stats, self.num_chains, self.num_draws)
+        check_stats(self.stats, self.num_chains, self.num_draws)
 
     # -- shape -------------------------------------------------------------------------------
     @property
@@ -175,21 +126,35 @@ class Posterior:
         return self.model
 
     # -- verbs -------------------------------------------------------------------------------
-    def predict(self, x, num_samples=None, **kwargs):
-        """The posterior predictive at ``x`` (:func:`pyrobnn.predict`): the equal-weight mixture
-        over all draws, or over ``num_samples`` of them spread evenly over the chains."""
-        from pyrobnn.predictive import predict
+    def predict(self, x, num_samples=None, *, seed=None, batch_size=None, sample_batch_size=None):
+        """The posterior predictive at ``x`` (:func:`~pyrobnn.predictive.predict_draws`): the
+        equal-weight mixture over all draws, or over ``num_samples`` of them spread evenly over
+        the chains. ``seed`` is accepted for the protocol: stored draws need no randomness."""
+        from pyrobnn.predictive import predict_draws
 
-        return predict(self._require_model("predict"), self, x, num_samples, **kwargs)
+        model = self._require_model("predict")
+        return predict_draws(model, self.flat_samples(), x, num_samples, batch_size=batch_size, sample_batch_size=sample_batch_size)
 
-    def to_arviz(self, x, y=None, observed: bool = True):
+    def as_draws(self, num_samples=None, *, seed=None) -> "Posterior":
+        """This posterior (all draws), or ``num_samples`` draws spread evenly over each chain's
+        (at least one per chain). ``seed`` is accepted for the protocol."""
+        if num_samples is None or num_samples >= self.num_chains * self.num_draws:
+            return self
+        check_positive_int("num_samples", num_samples)
+        per_chain = max(1, num_samples // self.num_chains)
+        keep = evenly_spaced(self.num_draws, per_chain).to(next(iter(self.samples.values())).device)
+        samples = {k: v[:, keep] for k, v in self.samples.items()}
+        stats = {k: (v[:, keep.to(v.device)] if STATS[k][0] == "draw" and isinstance(v, torch.Tensor) else v) for k, v in self.stats.items()}
+        return Posterior(samples, stats, self.seconds, self.method, self.family, self.settings, self.model)
+
+    def to_arviz(self, x, y=None, *, num_samples=None, seed=None, observed: bool = True):
         """An ``arviz.InferenceData`` (:func:`pyrobnn.diagnostics.inference_data`): the sites and
-        the network's output at ``x`` per chain and draw, simulated targets, and with ``y`` the
-        pointwise log-likelihood (for ``az.loo``) and the observed data; the sampler's per-draw
-        statistics in ``sample_stats``."""
+        the network's output at ``x`` per chain and draw (``num_samples`` of them, default all),
+        simulated targets, and with ``y`` the pointwise log-likelihood (for ``az.loo``) and the
+        observed data; the sampler's per-draw statistics in ``sample_stats``."""
         from pyrobnn.diagnostics import inference_data
 
-        return inference_data(self._require_model("to_arviz"), self, x, y, observed)
+        return inference_data(self._require_model("to_arviz"), self.as_draws(num_samples), x, y, observed)
 
     def _extra_state(self) -> dict:
         """What a subclass saves beside the draws (tensors and plain values)."""
@@ -337,11 +302,11 @@ def plain(value):
     return f"{type(value).__name__}"
 
 
-def load_posterior(path, model, guide=None, map_location=None):
-    """Read any saved posterior for ``model``: a :class:`Posterior` (or subclass) written by its
-    ``save``, or a guide written by :func:`pyrobnn.save` / ``VariationalPosterior.save``, which
-    loads into ``guide`` and comes back as a
-    :class:`~pyrobnn.infer.variational.VariationalPosterior`."""
+def load_posterior(path, model, guide=None, map_location=None) -> Result:
+    """Read any saved result for ``model``: a :class:`Posterior` (or subclass) written by its
+    ``save``, or a trained guide written by ``VariationalPosterior.save`` (or :func:`pyrobnn.save`),
+    which comes back as a :class:`~pyrobnn.infer.variational.VariationalPosterior` with its guide
+    rebuilt from the saved class and settings (or loaded into ``guide`` where one is given)."""
     from pyrobnn.io import FORMAT as GUIDE_FORMAT, safe_load
 
     obj = safe_load(path, map_location)
@@ -349,11 +314,9 @@ def load_posterior(path, model, guide=None, map_location=None):
     if fmt == FORMAT:
         return Posterior.load(path, model, map_location)
     if fmt == GUIDE_FORMAT:
-        if guide is None:
-            raise ValueError(f"{path} holds a trained guide: pass the guide to load it into (guide=...)")
         from pyrobnn.infer.variational import VariationalPosterior
 
-        return VariationalPosterior.load(path, model, guide, map_location)
+        return VariationalPosterior.load(path, model, map_location, guide=guide)
     raise ValueError(f"{path} is not a saved pyrobnn posterior or guide")
 
 

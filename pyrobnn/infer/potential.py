@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch.distributions import biject_to
 
+from pyrobnn import memory
 from pyrobnn.models.functional import call_with_weights
 
 __all__ = ["FlatPotential"]
@@ -22,6 +23,10 @@ class FlatPotential:
     parameters of the model (deterministic layers, a *learned* noise scale) enter as the
     constants they currently are. This evaluates the same density as Pyro's ``NUTS(model)``
     would trace, without tracing: the test suite checks the two against each other.
+
+    On a large network and data set the full-data energy and gradient are summed over chunks of
+    the data that fit the memory budget (:meth:`chunks`, :mod:`pyrobnn.memory`); a small network
+    takes the data in one pass.
 
     :param x: the data (all of it: no minibatch scaling); ``None`` for a potential whose
         callers pass every batch to :meth:`log_joint_terms` (minibatch training).
@@ -44,6 +49,7 @@ class FlatPotential:
             self.blocks.append((name, offset, offset + size, shape))
             offset += size
         self.dim = offset
+        self._chunks = {}
 
     def check_data(self, x, y):
         """``(x, y)`` with ``y`` in the shape the likelihood scores (checked against the
@@ -124,41 +130,82 @@ class FlatPotential:
         return log_p, log_lik.reshape(chains, -1).sum(-1)
 
     def pointwise_log_likelihood(self, z, x, y):
-        """``log p(y_n | x_n, w)`` per chain and point, shape ``(chains, N)``."""
+        """``log p(y_n | x_n, w)`` per chain and point, shape ``(chains, N)`` (the points in
+        chunks within the memory budget)."""
         chains = z.shape[0]
         values = self.unpack(z)
         weights = {s.name: values[s.name] for s in self.sites}
         latents = {name: values[name].unsqueeze(-1) for name, _ in self.latents}
-        output = call_with_weights(self.model.net, self.sites, weights, x)
-        return self.model.likelihood.distribution(output, **latents).log_prob(y).reshape(chains, -1)
+        step = memory.points_per_chunk(x.shape[0], chains, memory.activation_bytes(self.model.net, x), memory.FORWARD_FACTOR)
+        out = []
+        for i in range(0, x.shape[0], step):
+            output = call_with_weights(self.model.net, self.sites, weights, x[i : i + step])
+            out.append(self.model.likelihood.distribution(output, **latents).log_prob(y[i : i + step]).reshape(chains, -1))
+        return out[0] if len(out) == 1 else torch.cat(out, 1)
+
+    def chunks(self, chains: int, factor: int = memory.GRADIENT_FACTOR) -> list:
+        """The held data as ``[(x, y)]`` chunks whose pass for ``chains`` chains fits the memory
+        budget (:mod:`pyrobnn.memory`): one chunk, the whole data, for a small network."""
+        if self.x is None:
+            raise ValueError("this potential holds no data: pass the batch (x, y)")
+        key = (chains, factor)
+        if key not in self._chunks:
+            step = memory.points_per_chunk(self.x.shape[0], chains, memory.activation_bytes(self.model.net, self.x), factor)
+            self._chunks[key] = [(self.x[i : i + step], self.y[i : i + step]) for i in range(0, self.x.shape[0], step)]
+        return self._chunks[key]
 
     def __call__(self, z):
-        """``U(z)``, shape ``(chains,)``."""
-        log_prior, log_lik = self.log_joint_terms(z)
-        return -(log_prior + log_lik)
+        """``U(z)``, shape ``(chains,)`` (the data in chunks, :meth:`chunks`)."""
+        parts = self.chunks(z.shape[0], memory.FORWARD_FACTOR)
+        if len(parts) == 1:
+            log_prior, log_lik = self.log_joint_terms(z)
+            return -(log_prior + log_lik)
+        energy = None
+        for i, (x, y) in enumerate(parts):
+            log_prior, log_lik = self.log_joint_terms(z, x, y)
+            energy = -(log_prior + log_lik) if energy is None else energy - log_lik
+        return energy
+
+    def _chunk_energies(self, z):
+        """The energy's terms, one per data chunk: the first with the prior's."""
+        parts = self.chunks(z.shape[0])
+        for i, (x, y) in enumerate(parts):
+            yield (lambda z, x=x, y=y, first=i == 0: _chunk_energy(self, z, x, y, first))
 
     def value_and_grad(self, z):
-        """``(U(z), dU/dz)`` for every chain."""
+        """``(U(z), dU/dz)`` for every chain; on a large network and data set the gradient is
+        accumulated over data chunks (:meth:`chunks`), so memory stays within the budget."""
+        energy, grad = 0.0, 0.0
         with torch.enable_grad():
-            z = z.detach().requires_grad_(True)
-            energy = self(z)
-            (grad,) = torch.autograd.grad(energy.sum(), z)
-        return energy.detach(), grad
+            for part in self._chunk_energies(z):
+                zz = z.detach().requires_grad_(True)
+                value = part(zz)
+                (g,) = torch.autograd.grad(value.sum(), zz)
+                energy, grad = energy + value.detach(), grad + g
+        return energy, grad
 
     def value_and_grad_functional(self, z):
         """As :meth:`value_and_grad`, through ``torch.func`` (traceable by ``torch.compile``)."""
+        energy, grad = 0.0, 0.0
+        for part in self._chunk_energies(z):
 
-        def total(z):
-            energy = self(z)
-            return energy.sum(), energy
+            def total(z, part=part):
+                value = part(z)
+                return value.sum(), value
 
-        grad, (_, energy) = torch.func.grad_and_value(total, has_aux=True)(z)
+            g, (_, value) = torch.func.grad_and_value(total, has_aux=True)(z)
+            energy, grad = energy + value, grad + g
         return energy, grad
 
     def initial(self, chains: int, radius: float = 2.0, generator=None):
         """Uniform draws on ``[-radius, radius]`` in unconstrained space (Stan's and Pyro's
         default initialization)."""
         return (torch.rand(chains, self.dim, generator=generator, dtype=self.model.dtype, device=self.model.device) * 2 - 1).mul_(radius)
+
+
+def _chunk_energy(potential, z, x, y, with_prior: bool):
+    log_prior, log_lik = potential.log_joint_terms(z, x, y)
+    return -(log_prior + log_lik) if with_prior else -log_lik
 
 
 def _output_shape(model, x):

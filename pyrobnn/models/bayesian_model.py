@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 
+import numpy as np
 import pyro
 import torch
 from torch import nn
@@ -14,7 +15,7 @@ from pyrobnn.models.functional import call_with_weights
 from pyrobnn.models.sites import DEFAULT_EXCLUDE, select_sites
 from pyrobnn.params import call_substituted, pyro_params
 from pyrobnn.priors import NormalPrior, Prior
-from pyrobnn.validation import FiniteOnce, check_inputs, expected_input
+from pyrobnn.validation import FiniteOnce, as_tensor, check_inputs, expected_input
 
 __all__ = ["BayesianModel"]
 
@@ -151,7 +152,7 @@ class BayesianModel(nn.Module):
     def check_x(self, x) -> None:
         """Dtype, emptiness and feature dimension of ``x`` (cheap; no pass over the data)."""
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+            raise ValueError(f"x must be a torch.Tensor or numpy array, got {type(x).__name__}")
         check_inputs(self._expected_input, x, self.dtype)
 
     def forward(self, x, y=None, dataset_size=None):
@@ -159,14 +160,18 @@ class BayesianModel(nn.Module):
         NaN or infinite values in ``x`` or ``y`` are refused (a ``ValueError``), checked once
         per tensor object (:class:`~pyrobnn.validation.FiniteOnce`).
 
-        :param x: a batch of inputs.
-        :param y: targets (``None`` to sample them).
+        :param x: a batch of inputs (a tensor, or a NumPy array: a floating one is converted to
+            the model's dtype).
+        :param y: targets (``None`` to sample them; a NumPy array is converted as ``x`` is).
         :param dataset_size: size of the full data set when ``x`` is a minibatch (overrides
             the likelihood's ``dataset_size``).
         """
+        if isinstance(x, np.ndarray):
+            x = as_tensor(x, "x", self.dtype).to(self.device)
         self.check_x(x)
         self._finite(x, "x")
         if y is not None:
+            y = as_tensor(y, "y", self.dtype).to(self.device) if isinstance(y, np.ndarray) else y
             self._finite(torch.as_tensor(y), "y")
         replaced = pyro_params(self.point_parameters(), self.pyro_prefix)
         if replaced:

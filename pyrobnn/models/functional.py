@@ -198,6 +198,24 @@ def call_with_weights(net, sites, values, x, data_dims: int = 1, batched_inputs:
         out = _run_stack(layers, sites, {(id(s.module), s.param_name): w for s, w in zip(sites, flat)}, x)
         return out.reshape(sample_shape + out.shape[1:])
 
+    if torch.compiler.is_compiling():
+        # Dynamo refuses to trace a module's parameter dict being mutated inside a higher-order
+        # operator (the samplers' compiled while_loop); functional_call is what it supports
+        names = [s.name for s in sites]
+
+        def compiled_sample(x_s, *weights):
+            return torch.func.functional_call(net, dict(zip(names, weights)), (x_s,))
+
+        if batched_inputs:
+            return vmap(compiled_sample, randomness="different")(x, *flat)
+        out = vmap(compiled_sample, in_dims=(None,) + (0,) * len(flat), randomness="different")(x, *flat)
+        return out.reshape(sample_shape + out.shape[1:])
+
+    norms = updating_norms(net)
+    if norms and not route:
+        out = _vmap_with_norm_statistics(net, sites, flat, x, norms, batched_inputs)
+        return out if batched_inputs else out.reshape(sample_shape + out.shape[1:])
+
     def one_sample(*weights):
         with swap_parameters([(s.module, s.param_name, w) for s, w in zip(sites, weights)]):
             if route:
@@ -216,3 +234,34 @@ def call_with_weights(net, sites, values, x, data_dims: int = 1, batched_inputs:
         return vmap(one_sample_on_its_inputs, randomness="different")(x, *flat)
     out = vmap(one_sample, randomness="different")(*flat)
     return out.reshape(sample_shape + out.shape[1:])
+
+
+def updating_norms(net) -> list:
+    """The batch-normalization layers of ``net`` that update running statistics when called
+    (training mode with ``track_running_stats``)."""
+    return [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats]
+
+
+def _vmap_with_norm_statistics(net, sites, flat, x, norms, batched_inputs):
+    """The vmapped pass of :func:`call_with_weights` through a network whose batch
+    normalization updates running statistics: each weight draw normalizes its own activations by
+    their batch statistics (as it would alone) and updates a copy of the running statistics; the
+    network's own statistics then take the mean of the copies (the update of one call with the
+    draws' average batch statistics). ``vmap`` cannot update one shared buffer from every draw."""
+    names = [s.name for s in sites]
+    owners = {id(m) for m in norms}
+    buffers = {n: b for n, b in net.named_buffers() if id(net.get_submodule(n.rsplit(".", 1)[0] if "." in n else "")) in owners}
+    rows = flat[0].shape[0] if flat else x.shape[0]
+    copies = {n: b.detach().unsqueeze(0).expand((rows,) + tuple(b.shape)).clone() for n, b in buffers.items()}
+
+    def one(x_s, *tensors):
+        weights, stats = tensors[: len(names)], tensors[len(names):]
+        return torch.func.functional_call(net, {**dict(zip(names, weights)), **dict(zip(copies, stats))}, (x_s,))
+
+    in_x = 0 if batched_inputs else None
+    out = vmap(one, in_dims=(in_x,) + (0,) * (len(flat) + len(copies)), randomness="different")(x, *flat, *copies.values())
+    with torch.no_grad():
+        for name, buffer in buffers.items():
+            updated = copies[name]
+            buffer.copy_(updated[0] if not buffer.is_floating_point() else updated.mean(0))
+    return out

@@ -18,7 +18,8 @@ from pyrobnn.infer.failures import NonFiniteLossError, StepFailures, grads_not_f
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.infer.svi.trainer import default_optimizer
-from pyrobnn.validation import check_forward, check_positive_int, check_positive_number, check_same_placement, check_samplable
+from pyrobnn.methods import refuse_unsupported
+from pyrobnn.validation import check_forward, check_positive_int, check_positive_number, check_same_placement
 
 __all__ = ["SVIModule", "EnsembleModule", "EndProcessGroup"]
 
@@ -232,7 +233,7 @@ class EnsembleModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModul
         seed: int = 0,
     ):
         super().__init__()
-        check_samplable(model)
+        refuse_unsupported("deep_ensemble", model, "EnsembleModule")
         check_positive_int("num_members", num_members)
         _check_dataset_size(dataset_size)
         if objective not in ("map", "likelihood"):

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["autocorrelation", "effective_sample_size"]
+__all__ = ["autocorrelation", "effective_sample_size", "MIN_ESS_DRAWS"]
+
+#: the fewest draws per chain an effective sample size is computed from
+MIN_ESS_DRAWS = 4
 
 
 def autocorrelation(x: torch.Tensor) -> torch.Tensor:
@@ -29,8 +32,8 @@ def effective_sample_size(x: torch.Tensor) -> torch.Tensor:
     """Effective sample size of each chain and coordinate: ``x`` of shape ``(C, n, ...)`` gives
     ``(C, ...)``. A constant chain has an ESS of 1."""
     n = x.shape[1]
-    if n < 4:
-        raise ValueError(f"the effective sample size needs at least 4 draws per chain, got {n}")
+    if n < MIN_ESS_DRAWS:
+        raise ValueError(f"the effective sample size needs at least {MIN_ESS_DRAWS} draws per chain, got {n}")
     rho = autocorrelation(x).double()
     m = n // 2
     pairs = rho[:, 0 : 2 * m : 2] + rho[:, 1 : 2 * m : 2]  # (C, m, ...)

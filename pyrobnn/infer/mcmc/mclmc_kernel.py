@@ -64,7 +64,7 @@ from dataclasses import dataclass
 import torch
 
 from pyrobnn.progress import tqdm
-from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
+from pyrobnn.infer.mcmc.autocorrelation import MIN_ESS_DRAWS, effective_sample_size
 from pyrobnn.runtime import compiled, raised_recompile_limits
 
 __all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "esh_velocity_update", "unit_vector", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc", "MCLACHLAN_B1"]
@@ -239,7 +239,8 @@ class MCLMCAdaptation:
         # preconditioner, phase 3
         self.adapt_end = self.n1 + self.n2
         self.precond_end = self.adapt_end + (round(self.n2 / 3) if diagonal_preconditioning and self.n2 > 1 else 0)
-        self.num_steps = self.precond_end + (self.n3 if self.n3 >= 2 else 0)
+        # phase 3 needs an effective sample size: a shorter phase is skipped (L keeps phase 2's value)
+        self.num_steps = self.precond_end + (self.n3 if self.n3 >= MIN_ESS_DRAWS else 0)
 
         def per_chain(v, default):
             v = default if v is None else v

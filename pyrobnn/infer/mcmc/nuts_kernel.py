@@ -430,7 +430,8 @@ def sample_nuts(
         double = functools.partial(_double, potential, _eager_while_loop)
     state = nuts_init(potential, z_init)
     warmup = WindowAdaptation(potential, state, num_warmup, target_accept, generator)
-    draws, stats_all = [], {"accept_prob": [], "tree_depth": [], "num_steps": [], "diverging": []}
+    # the potential at each draw comes with the state: no pass over the data afterwards
+    draws, stats_all = [], {"accept_prob": [], "tree_depth": [], "num_steps": [], "diverging": [], "energy": []}
     first = 0
     saved = checkpoint.load() if checkpoint is not None else None
     if saved is not None:
@@ -440,7 +441,7 @@ def sample_nuts(
         generator.set_state(saved["generator"])
         if saved["draws"] is not None:
             draws = list(saved["draws"].to(device).unbind(1))
-            stats_all = {k: list(v.to(device).unbind(1)) for k, v in saved["stats"].items()}
+            stats_all.update({k: list(v.to(device).unbind(1)) for k, v in saved["stats"].items()})
         first = int(saved["iteration"])
 
     def snapshot(done):
@@ -466,7 +467,7 @@ def sample_nuts(
                 else:
                     draws.append(state.z.clone())
                     for k in stats_all:
-                        stats_all[k].append(stats[k])
+                        stats_all[k].append(state.energy.clone() if k == "energy" else stats[k])
                 if progress and (i % 10 == 0 or i + 1 == total):
                     bar.set_postfix(
                         {"phase": "warmup" if warming else "sample", "step": f"{warmup.step_size.mean().item():.2g}", "depth": int(stats["tree_depth"].max())},

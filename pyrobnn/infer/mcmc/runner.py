@@ -2,8 +2,8 @@
 
 :func:`run_sampler` checks the model and data once, builds the flat potential
 (:class:`~pyrobnn.infer.potential.FlatPotential`) and the starting positions
-(:func:`initial_positions`), lets the budget pick the code that runs the kernel
-(:mod:`pyrobnn.infer.mcmc.budget`), runs the kernel without gradients and unpacks the draws into
+(:func:`initial_positions`), takes the backend that runs the kernel by the rule of
+:mod:`pyrobnn.infer.mcmc.backend`, runs the kernel without gradients and unpacks the draws into
 a :class:`~pyrobnn.infer.posterior.Posterior`. :func:`run_in_process_groups` splits the chains
 over processes (:mod:`pyrobnn.infer.processes`) and joins their posteriors.
 """
@@ -17,13 +17,14 @@ import warnings
 import pyro
 import torch
 
+from pyrobnn import memory
 from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.mcmc import native as native_kernels
-from pyrobnn.infer.mcmc.budget import ExecutionPath, choose_path
+from pyrobnn.infer.mcmc.backend import ExecutionPath, choose_path
 from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
-from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
+from pyrobnn.validation import check_positive_int, validate_training_data
 
 __all__ = ["run_sampler", "run_in_process_groups", "initial_positions", "energies", "label"]
 
@@ -34,20 +35,19 @@ def label(name: str, init) -> str:
 
 
 def run_sampler(
-    model, x, y, run, name, init, num_chains, init_radius, seed, compile, evaluations, bound=False, settings=None, checkpoint=None,
+    model, x, y, run, name, init, num_chains, init_radius, seed, backend, evaluations, bound=False, settings=None, checkpoint=None,
 ) -> Posterior:
     """What the model-level samplers share: check the model and data, build the potential and
-    the starting positions, let the budget pick the path (:func:`~pyrobnn.infer.mcmc.budget.choose_path`,
+    the starting positions, take the backend (:func:`~pyrobnn.infer.mcmc.backend.choose_path`,
     for ``evaluations`` gradient evaluations per chain), run ``run(potential_fn, z0, generator,
     path, run_checkpoint)`` without gradients (a failed ``torch.compile`` falls back to eager code
     with a warning), and unpack the draws ``(chains, draws, dim)`` into sites, with the potential
-    at every draw and the path in the stats.
+    at every draw and the backend in the stats.
 
     :param checkpoint: ``(path, every, seconds)`` or ``None``: the run's
         :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`, whose identity is the sampler, its
         ``settings``, the data, the starting positions and the model's structure.
     """
-    check_samplable(model)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)
     was_training = model.training
@@ -61,7 +61,7 @@ def run_sampler(
         run_checkpoint = None
         if checkpoint is not None:
             path_, every, seconds_ = checkpoint
-            fixed = {k: v for k, v in (settings or {}).items() if k not in ("compile", "num_processes", "init")}
+            fixed = {k: v for k, v in (settings or {}).items() if k not in ("backend", "num_processes", "init")}
             run_checkpoint = RunCheckpoint.of_run(path_, name, fixed, model, (x, potential.y), z0, every, seconds_)
         start = time.perf_counter()
         # the positions are unconstrained and mapped into each support, so distribution argument
@@ -69,7 +69,7 @@ def run_sampler(
         # samplers undo or count as divergent; inside compiled code each check would also be a
         # data-dependent branch, which the compiled NUTS loop refuses
         with torch.no_grad(), pyro.validation_enabled(False):
-            path = choose_path(potential, z0, compile, name, evaluations, bound)
+            path = choose_path(potential, z0, backend, name, evaluations, bound)
             if path.kind == "native":
                 draws, stats = run(path.native.value_and_grad, z0, generator, path, run_checkpoint)
             elif path.kind == "torch.compile":
@@ -77,8 +77,8 @@ def run_sampler(
                     draws, stats = run(potential.value_and_grad_functional, z0, generator, path, run_checkpoint)
                 except Exception as e:  # no C++ compiler, an unsupported operation, ...
                     warnings.warn(
-                        f"{name} runs eagerly: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                        "pass compile=False to run eagerly without the attempt", stacklevel=3,
+                        f"{name} runs eagerly: torch.compile failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}); "
+                        "pass backend='eager' to run eagerly without the attempt", stacklevel=3,
                     )
                     path = ExecutionPath("eager", f"torch.compile failed ({type(e).__name__}); {path.reason}")
                     generator.manual_seed(seed)
@@ -116,12 +116,11 @@ def run_in_process_groups(
     joined in chain order. With ``checkpoint`` (``(path, every, seconds)``), group ``i`` of
     ``k`` checkpoints to ``<path>.group<i>-of-<k>``."""
     check_positive_int("num_processes", num_processes)
-    check_samplable(model)
     x, y = validate_training_data(model, x, y)
     generator = torch.Generator(device=model.device).manual_seed(seed)
     z0 = initial_positions(FlatPotential(model), init, num_chains, init_radius, generator)  # the layout only
     groups = split_rows(z0, num_processes)
-    if options.get("compile") is not False and native_kernels.unsupported_reason(model, x) is None:
+    if options.get("backend") in ("auto", "native", "compiled") and native_kernels.unsupported_reason(model, x) is None:
         try:  # built once here, so that the processes load it instead of each building its own
             native_kernels.library()
         except native_kernels.NativeUnavailable:
@@ -165,9 +164,12 @@ def initial_positions(potential, init, num_chains, init_radius, generator):
 @torch.no_grad()
 def energies(potential, draws):
     """The potential at every draw, ``(chains, draws)``: the log-density trace that tells a
-    chain still climbing from one that is stationary."""
+    chain still climbing from one that is stationary. As many draws go through at once as the
+    memory budget allows over the full data (:mod:`pyrobnn.memory`)."""
     chains, n, dim = draws.shape
     if n == 0:
         return draws.new_zeros(chains, 0)
-    out = [potential(draws[:, i : i + 256].transpose(0, 1).reshape(-1, dim)).reshape(-1, chains).T for i in range(0, n, 256)]
+    per_row = potential.x.shape[0] * memory.activation_bytes(potential.model.net, potential.x) * memory.FORWARD_FACTOR
+    group = int(max(1, min(256, memory.budget() // max(per_row * chains, 1))))
+    out = [potential(draws[:, i : i + group].transpose(0, 1).reshape(-1, dim)).reshape(-1, chains).T for i in range(0, n, group)]
     return torch.cat(out, 1)

@@ -12,13 +12,14 @@ import time
 import pyro
 import torch
 
-from pyrobnn.infer.mcmc.budget import check_compile
+from pyrobnn.infer.mcmc.backend import resolve_backend
 from pyrobnn.infer.mcmc.mclmc_kernel import sample_mclmc
 from pyrobnn.infer.mcmc.nuts_kernel import sample_nuts
 from pyrobnn.infer.mcmc.runner import run_in_process_groups, run_sampler
 from pyrobnn.infer.moved import data_then_keywords
 from pyrobnn.infer.posterior import Posterior
-from pyrobnn.validation import check_positive_number, check_samplable, validate_training_data
+from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.validation import check_positive_number, validate_training_data
 
 __all__ = ["nuts", "mclmc", "pyro_nuts", "ensemble_sampling"]
 
@@ -35,13 +36,14 @@ def nuts(
     target_accept: float = 0.8,
     seed: int = 0,
     init_radius: float = 2.0,
-    compile="auto",
+    backend: str = "auto",
     progress: bool = True,
     init=None,
     num_processes: int = 1,
     checkpoint=None,
     checkpoint_every=None,
     checkpoint_seconds: float = 60.0,
+    compile=None,
 ) -> Posterior:
     """NUTS for ``model`` conditioned on ``(x, y)``, all chains in one batched computation.
 
@@ -64,14 +66,16 @@ def nuts(
         et al. 2024), any other :class:`~pyrobnn.infer.posterior.Posterior` (its last draws) or
         unconstrained vectors ``(chains, dim)``;
         ``num_chains`` is then their number.
-    :param compile: which code runs the transitions (:mod:`pyrobnn.infer.mcmc.budget`):
-        ``"auto"`` (default) lets the run's budget pick between the native kernels of
+    :param backend: which code runs the transitions (:mod:`pyrobnn.infer.mcmc.backend`):
+        ``"auto"`` (default) takes, by a rule on the model and the run, the native kernels of
         :mod:`pyrobnn.infer.mcmc.native` (stacks of ``nn.Linear`` with Normal priors and a Gaussian,
-        heteroscedastic or categorical likelihood; built once per machine in about 2 s), the
-        torch code compiled with ``torch.compile`` (every other model; 10-16 s per run) and the
-        eager torch code (no start-up); ``True`` takes the fastest compiled path, ``False`` the
-        eager one. ``stats["path"]`` and ``stats["path_reason"]`` say which ran and why. If
-        ``torch.compile`` fails, the run falls back to eager code with a warning.
+        heteroscedastic or categorical likelihood; built once per machine in about 2 s), else
+        ``torch.compile`` for a run long enough to pay its 10-16 s, else eager torch code;
+        ``"native"``, ``"compile"`` or ``"eager"`` names one. ``stats["path"]`` and
+        ``stats["path_reason"]`` say which ran and why. If ``torch.compile`` fails, the run falls
+        back to eager code with a warning. The same call with the same seed gives the same draws.
+    :param compile: deprecated: ``True`` for the native kernels where they apply, else
+        ``torch.compile``; ``False`` for ``backend="eager"``.
     :param num_processes: split the chains into this many groups, each run in its own process
         (:mod:`pyrobnn.infer.processes`): a group no longer waits for another group's longest
         trajectory, and each uses its own core. Group ``i`` draws from the seed ``seed + i``
@@ -84,20 +88,22 @@ def nuts(
         :mod:`pyrobnn.infer.checkpoints`); with ``num_processes``, group ``i`` of ``k`` writes
         ``<checkpoint>.group<i>-of-<k>``.
     """
-    for name, value, least in (("num_samples", num_samples, 1), ("num_warmup", num_warmup, 0), ("max_tree_depth", max_tree_depth, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    refuse_unsupported("nuts", model)
+    for name, value in (("num_samples", num_samples), ("num_warmup", num_warmup), ("max_tree_depth", max_tree_depth)):
+        check_budget("nuts", name, value)
+    if init is None:
+        check_budget("nuts", "num_chains", num_chains)
     if not (isinstance(target_accept, (int, float)) and 0 < target_accept < 1):
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
-    check_compile(compile)
+    backend = resolve_backend(backend, compile)
     run_checkpoint = None if checkpoint is None else (checkpoint, checkpoint_every, checkpoint_seconds)
     settings = dict(
         num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains, max_tree_depth=max_tree_depth,
-        target_accept=target_accept, seed=seed, init_radius=init_radius, compile=compile, init=init, num_processes=num_processes,
+        target_accept=target_accept, seed=seed, init_radius=init_radius, backend=backend, init=init, num_processes=num_processes,
     )
 
     if num_processes != 1:
-        options = dict(num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth, target_accept=target_accept, compile=compile)
+        options = dict(num_samples=num_samples, num_warmup=num_warmup, max_tree_depth=max_tree_depth, target_accept=target_accept, backend=backend)
         return run_in_process_groups(
             nuts, "NUTS", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress, settings, run_checkpoint,
         )
@@ -111,7 +117,7 @@ def nuts(
 
     evaluations = (num_warmup + num_samples) * (2**max_tree_depth - 1)
     return run_sampler(
-        model, x, y, run, "NUTS", init, num_chains, init_radius, seed, compile, evaluations, bound=True, settings=settings,
+        model, x, y, run, "NUTS", init, num_chains, init_radius, seed, backend, evaluations, bound=True, settings=settings,
         checkpoint=run_checkpoint,
     )
 
@@ -133,12 +139,13 @@ def mclmc(
     seed: int = 0,
     init_radius: float = 2.0,
     init=None,
-    compile="auto",
+    backend: str = "auto",
     progress: bool = True,
     num_processes: int = 1,
     checkpoint=None,
     checkpoint_every=None,
     checkpoint_seconds: float = 60.0,
+    compile=None,
 ) -> Posterior:
     """Unadjusted MCLMC (:mod:`pyrobnn.infer.mcmc.mclmc_kernel`) for ``model`` conditioned on ``(x, y)``, all
     chains in one batched computation, each chain tuned on its own.
@@ -150,10 +157,11 @@ def mclmc(
     ensemble (``init=deep_ensemble(...)``; :func:`pyrobnn.infer.mcmc.samplers.ensemble_sampling` does
     both), as MILE does: from random starts the chains spend their tuning climbing.
 
-    :param num_warmup: the steps of the three tuning phases, or one number split 80/10/10.
-    :param compile: which code runs each step, as in :func:`nuts`: ``"auto"`` (default: the
-        native kernels where they apply and pay, else ``torch.compile`` where the run is long
-        enough, else eager torch code), ``True`` or ``False``.
+    :param num_warmup: the steps of the three tuning phases, or one number split 80/10/10 (a
+        third phase shorter than 4 steps, too short for an effective sample size, is skipped: L
+        keeps the second phase's value).
+    :param backend: which code runs each step, by the rule of :func:`nuts` (``"auto"``,
+        ``"native"``, ``"compile"``, ``"eager"``); ``compile`` is its deprecated spelling.
     :param num_processes: run the chains in this many groups, one process each, as in
         :func:`nuts`.
     :param checkpoint: a file to write the run's state to, every ``checkpoint_every`` steps or
@@ -165,16 +173,30 @@ def mclmc(
         hold the potential at each draw (``energy``), the energy errors, the tuned ``step_size``,
         ``L`` and ``inv_mass``, and the steps undone for a non-finite result (``nonfinite``).
     """
+    refuse_unsupported("mclmc", model)
     for name, value in (("step_size", step_size), ("L", L)):
         if value is not None:  # None: BlackJAX's initial value (sample_mclmc)
             check_positive_number(name, value)
-    check_compile(compile)
-    if isinstance(num_warmup, int):
+    for name, value in (("num_samples", num_samples), ("thinning", thinning)):
+        check_budget("mclmc", name, value)
+    if init is None:
+        check_budget("mclmc", "num_chains", num_chains)
+    if num_samples < thinning:
+        raise ValueError(f"mclmc: num_samples ({num_samples}) must be at least thinning ({thinning}): no draw would be kept")
+    backend = resolve_backend(backend, compile)
+    if isinstance(num_warmup, (tuple, list)):
+        if len(num_warmup) != 3:
+            raise ValueError(f"mclmc: num_warmup must be a number of steps or the steps of the three tuning phases, got {num_warmup!r}")
+        for phase in num_warmup:
+            check_budget("mclmc", "num_warmup", phase)
+        num_warmup = tuple(int(v) for v in num_warmup)
+    else:
+        check_budget("mclmc", "num_warmup", num_warmup)
         num_warmup = (round(0.8 * num_warmup), round(0.1 * num_warmup), num_warmup - round(0.8 * num_warmup) - round(0.1 * num_warmup))
 
     options = dict(
         num_samples=num_samples, num_warmup=num_warmup, thinning=thinning, step_size=step_size, L=L,
-        energy_variance=energy_variance, diagonal_preconditioning=diagonal_preconditioning, compile=compile,
+        energy_variance=energy_variance, diagonal_preconditioning=diagonal_preconditioning, backend=backend,
     )
     settings = dict(options, num_chains=num_chains, seed=seed, init_radius=init_radius, init=init, num_processes=num_processes)
     run_checkpoint = None if checkpoint is None else (checkpoint, checkpoint_every, checkpoint_seconds)
@@ -193,7 +215,7 @@ def mclmc(
 
     steps = sum(num_warmup) + (round(num_warmup[1] / 3) if diagonal_preconditioning else 0) + num_samples
     return run_sampler(
-        model, x, y, run, "MCLMC", init, num_chains, init_radius, seed, compile, 2 * steps, settings=settings, checkpoint=run_checkpoint,
+        model, x, y, run, "MCLMC", init, num_chains, init_radius, seed, backend, 2 * steps, settings=settings, checkpoint=run_checkpoint,
     )
 
 
@@ -212,8 +234,11 @@ def pyro_nuts(
     progress: bool = True,
 ) -> Posterior:
     """The reference path: ``pyro.infer.MCMC(pyro.infer.NUTS(model))``, one chain after the
-    other in this process, the samples stacked by chain."""
-    check_samplable(model)
+    other in this process, the samples stacked by chain (at least 4 draws per chain: Pyro's
+    diagnostics, which report the divergences, split each chain in halves)."""
+    refuse_unsupported("pyro_nuts", model)
+    for name, value in (("num_samples", num_samples), ("num_warmup", num_warmup), ("num_chains", num_chains), ("max_tree_depth", max_tree_depth)):
+        check_budget("pyro_nuts", name, value)
     x, y = validate_training_data(model, x, y)
     names = [s.name for s in model.sites] + list(model.likelihood.latent_sites())
     chains, stats = [], {"diverging": []}
@@ -243,22 +268,55 @@ def pyro_nuts(
 
 
 @data_then_keywords
-def ensemble_sampling(model, x, y, ensemble: Posterior = None, sampler: str = "mclmc", **kwargs) -> Posterior:
+def ensemble_sampling(model, x, y, ensemble: Posterior = None, sampler: str = "mclmc", *, ensemble_options=None, **kwargs) -> Posterior:
     """Ensemble-initialized sampling (Sommer et al. 2024, ICML; MILE, Sommer et al. 2025, ICLR):
-    one chain per member of ``ensemble`` (:func:`pyrobnn.deep_ensemble`), run by ``sampler``
-    (``"mclmc"``: :func:`mclmc` with MILE's settings by default; ``"nuts"``: :func:`nuts`, MILE's
-    baseline uses ``num_warmup=100, num_samples=1000``; ``"smile"``: the minibatch sampler
-    :func:`pyrobnn.smile`, SMILE's ensemble); ``kwargs`` go to the sampler. The chains
-    sit in different regions by design: judge each one on its own
+    one chain per member of ``ensemble`` (:func:`pyrobnn.deep_ensemble`; trained here with
+    ``ensemble_options`` when not given, the ``seed`` shared), run by ``sampler`` (``"mclmc"``:
+    :func:`mclmc` with MILE's settings by default; ``"nuts"``: :func:`nuts`, MILE's baseline
+    uses ``num_warmup=100, num_samples=1000``; ``"smile"``: the minibatch sampler
+    :func:`pyrobnn.smile`, SMILE's ensemble); ``kwargs`` go to the sampler. The chains sit in
+    different regions by design: judge each one on its own
     (:func:`pyrobnn.diagnostics.within_chain_summary`, or the result's ``summary()``)."""
+    refuse_unsupported("ensemble_sampling", model)
+    if sampler not in ("mclmc", "nuts", "smile"):
+        raise ValueError(f"sampler must be 'mclmc', 'nuts' or 'smile', got {sampler!r}")
+    if ensemble is None:
+        from pyrobnn.infer.modes.ensemble import deep_ensemble
+
+        options = {"seed": kwargs.get("seed", 0), "progress": kwargs.get("progress", True), **(ensemble_options or {})}
+        ensemble = deep_ensemble(model, x, y, **options)
+    elif ensemble_options is not None:
+        raise ValueError("give ensemble= or ensemble_options= (to train one here), not both")
     if not isinstance(ensemble, Posterior):
         raise TypeError(f"ensemble_sampling needs ensemble=deep_ensemble(...), got {type(ensemble).__name__}")
     if sampler == "mclmc":
         return mclmc(model, x, y, init=ensemble, **kwargs)
     if sampler == "nuts":
         return nuts(model, x, y, init=ensemble, **kwargs)
-    if sampler == "smile":
-        from pyrobnn.infer.sgmcmc.smile import smile
+    from pyrobnn.infer.sgmcmc.smile import smile
 
-        return smile(model, x, y, init=ensemble, **kwargs)
-    raise ValueError(f"sampler must be 'mclmc', 'nuts' or 'smile', got {sampler!r}")
+    return smile(model, x, y, init=ensemble, **kwargs)
+
+
+register(MethodSpec(
+    "nuts", "NUTS, all chains batched (native, compiled or eager backend)", "mcmc", nuts, latent_only_support(),
+    budgets={"num_samples": 1, "num_warmup": 0, "num_chains": 1, "max_tree_depth": 1},
+    quick={"num_samples": 4, "num_warmup": 4, "num_chains": 2, "max_tree_depth": 3, "progress": False},
+))
+register(MethodSpec(
+    "mclmc", "MCLMC (unadjusted microcanonical Langevin), per-chain tuning", "mcmc", mclmc, latent_only_support(),
+    budgets={"num_samples": 1, "num_warmup": 0, "num_chains": 1, "thinning": 1},
+    quick={"num_samples": 8, "num_warmup": 12, "num_chains": 2, "thinning": 2, "progress": False},
+))
+register(MethodSpec(
+    "pyro_nuts", "Pyro's own NUTS (MCMC(NUTS(model))), the reference", "mcmc", pyro_nuts, latent_only_support(),
+    budgets={"num_samples": 4, "num_warmup": 0, "num_chains": 1, "max_tree_depth": 1},
+    quick={"num_samples": 4, "num_warmup": 2, "max_tree_depth": 2, "progress": False},
+    bounded_memory=False, unbounded_because="Pyro's MCMC evaluates the model on all the data at once",
+))
+register(MethodSpec(
+    "ensemble_sampling", "ensemble-initialized sampling (MILE): a chain per deep-ensemble member", "mcmc", ensemble_sampling,
+    latent_only_support(), budgets={"num_samples": 1, "num_warmup": 0},
+    quick={"sampler": "nuts", "num_samples": 3, "num_warmup": 3, "max_tree_depth": 3, "progress": False,
+           "ensemble_options": {"num_members": 2, "max_epochs": 2, "progress": False}},
+))

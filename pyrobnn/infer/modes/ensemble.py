@@ -39,7 +39,8 @@ from pyrobnn.infer.moved import data_then_keywords
 from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
-from pyrobnn.validation import check_positive_int, check_positive_number, check_samplable, validate_training_data
+from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.validation import check_positive_int, check_positive_number, validate_training_data
 
 __all__ = ["EnsemblePosterior", "deep_ensemble", "train_members", "member_initializations"]
 
@@ -276,9 +277,11 @@ def deep_ensemble(
         ensemble = deep_ensemble(model, x, y, num_members=12, validation=0.1)
         pred = pyrobnn.predict(model, ensemble, x_test, num_samples=None)   # the mixture
     """
-    check_samplable(model)
-    if not isinstance(num_members, int) or num_members < 1:
-        raise ValueError(f"num_members must be a positive integer, got {num_members!r}")
+    refuse_unsupported("deep_ensemble", model)
+    for name, value in (("num_members", num_members), ("max_epochs", max_epochs), ("patience", patience)):
+        check_budget("deep_ensemble", name, value)
+    if batch_size is not None:
+        check_budget("deep_ensemble", "batch_size", batch_size)
     check_positive_int("num_processes", num_processes)
     if not 0.0 <= float(validation) < 1.0:
         raise ValueError(f"validation must be a fraction in [0, 1), got {validation}")
@@ -350,3 +353,10 @@ def _join_histories(histories: list, final: list) -> torch.Tensor:
     epochs = max(h.shape[0] for h in histories)
     padded = [torch.cat([h, f.to(h.dtype).unsqueeze(0).expand(epochs - h.shape[0], -1)], 0) for h, f in zip(histories, final)]
     return torch.cat(padded, 1)
+
+
+register(MethodSpec(
+    "deep_ensemble", "deep ensemble: members trained as one batched computation", "ensemble", deep_ensemble, latent_only_support(),
+    budgets={"num_members": 1, "max_epochs": 1, "patience": 1, "batch_size": 1},
+    quick={"num_members": 2, "max_epochs": 2, "progress": False},
+))

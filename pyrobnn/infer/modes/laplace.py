@@ -20,10 +20,15 @@ the network at the MAP; this module maps the model's priors and likelihood onto 
 weight samples back onto the model's sites, so that the result is a posterior sample container
 like NUTS's (:func:`pyrobnn.predict`, ``pyro.infer.Predictive``, :mod:`pyrobnn.diagnostics`).
 
-Supported: Gaussian priors (:class:`~pyrobnn.priors.NormalPrior`, one precision per site; the
-marginal likelihood can tune them per site), a Gaussian likelihood with a fixed noise scale or a
-noise scale with a prior (held at its MAP value: the approximation covers the weights), and a
-categorical likelihood. Other priors have no Gaussian precision to hand over and are refused.
+Supported (its declaration in :mod:`pyrobnn.methods`): Gaussian priors
+(:class:`~pyrobnn.priors.NormalPrior`, one precision per site; the marginal likelihood can tune
+them per site), a Gaussian likelihood with a fixed noise scale or a noise scale with a prior (held
+at its MAP value: the approximation covers the weights), a categorical likelihood, and a Bernoulli
+likelihood with one output (handed to laplace-torch as the two-class logits :math:`(0, f)`, whose
+softmax is :math:`(1 - \sigma(f), \sigma(f))`, so its categorical GGN is the Bernoulli one). Other
+priors have no Gaussian precision to hand over, and laplace-torch has no heteroscedastic
+likelihood: both are refused at the call. The network is evaluated in eval mode (dropout off,
+batch normalization on its running statistics), as by every method that builds a potential.
 """
 
 from __future__ import annotations
@@ -36,16 +41,19 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from pyrobnn import memory
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
 from pyrobnn.infer.posterior import Posterior, evenly_spaced
-from pyrobnn.likelihoods import CategoricalLikelihood, GaussianLikelihood
-from pyrobnn.priors import NormalPrior
-from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
+from pyrobnn.likelihoods import BernoulliLikelihood, GaussianLikelihood
+from pyrobnn.methods import LATENT_ONLY, MethodSpec, Support, check_budget, refuse_unsupported, register
+from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int, validate_training_data
 
-__all__ = ["LaplacePosterior", "laplace", "SUBSETS", "HESSIANS"]
+__all__ = ["LaplacePosterior", "laplace", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]
 
 SUBSETS = ("all", "last_layer")
 HESSIANS = ("full", "diag", "kron")
+#: the most points per batch of the curvature pass where ``batch_size`` is not given
+CURVATURE_BATCH = 256
 
 
 @dataclass
@@ -97,7 +105,7 @@ class LaplacePosterior(Posterior):
         values = {k: v.to(model.device) for k, v in extra["map_values"].items()}
         fit = {"prior_precision": extra["prior_precision"], "log_marginal_likelihood": extra["log_marginal_likelihood"]}
         return cls(
-            **fields, model=model, map_values=values, map_net=model.deterministic_net(values), likelihood=model.likelihood,
+            **fields, model=model, map_values=values, map_net=model.deterministic_net(values).eval(), likelihood=model.likelihood,
             covered_names=tuple(extra["covered_names"]), latent_names=tuple(extra["latent_names"]), saved_fit=fit,
         )
 
@@ -109,23 +117,21 @@ class LaplacePosterior(Posterior):
         out.append(f"Gaussian over {len(self.covered_names)} of {weights} weight sites; the others, and any noise scale, at the MAP")
         return out
 
-    def predict(self, x, num_samples=None, *, linearized: bool = True, seed=None, batch_size: int = 1000, **kwargs):
+    def predict(self, x, num_samples=None, *, seed=None, batch_size=None, sample_batch_size=None, linearized: bool = True):
         """The posterior predictive at ``x``: the linearized (GLM) predictive by default
         (:meth:`linearized_predict`, which Daxberger et al. 2021 recommend for the Laplace
         approximation: the network itself at Gaussian weight draws underfits), or with
-        ``linearized=False`` the network at each draw (:func:`pyrobnn.predict`, which takes
-        ``kwargs``). ``num_samples`` draws of the result are used, spread over them (``None``:
-        all); ``seed`` matters to the network predictive only (the linearized one draws nothing
-        new)."""
+        ``linearized=False`` the network at each draw (:func:`~pyrobnn.predictive.predict_draws`,
+        which takes ``sample_batch_size``). ``num_samples`` draws of the result are used, spread
+        over them (``None``: all); ``batch_size`` points per pass (default: from the memory budget);
+        ``seed`` is accepted for the protocol (both predictives use the stored draws)."""
         if not linearized:
-            return super().predict(x, num_samples, seed=seed, batch_size=batch_size, **kwargs)
-        if kwargs:
-            raise TypeError(f"the linearized predictive takes no {sorted(kwargs)}; pass linearized=False for pyrobnn.predict's options")
-        from pyrobnn.validation import as_tensor, check_finite
-
-        x = as_tensor(x, "x")
-        if self.model is not None:
-            self.model.check_x(x)
+            return super().predict(x, num_samples, seed=seed, batch_size=batch_size, sample_batch_size=sample_batch_size)
+        if sample_batch_size is not None:
+            raise TypeError("the linearized predictive runs every draw in one pass: sample_batch_size is for linearized=False")
+        model = self._require_model("predict")
+        x = as_tensor(x, "x", model.dtype)
+        model.check_x(x)
         check_finite(x, "x")
         chosen = None
         if num_samples is not None:
@@ -133,15 +139,24 @@ class LaplacePosterior(Posterior):
             chosen = evenly_spaced(self.num_draws, num_samples)
         return self.linearized_predict(x.to(self.map_values[self.covered_names[0]].device), batch_size, draws=chosen)
 
-    def linearized_predict(self, x, batch_size: int = 1000, draws=None):
+    def linearized_predict(self, x, batch_size=None, draws=None):
         """The GLM predictive (Immer et al. 2021): for each draw :math:`w_s` of this result the
         linearized network :math:`f(x, \\hat w) + J(x)(w_s - \\hat w)`, computed by forward-mode
         differentiation (one Jacobian-vector product per draw, all draws in one vmapped pass,
         never the Jacobian itself), summarized by the model's likelihood: a
         :class:`~pyrobnn.predictions.RegressionPrediction` or a
-        :class:`~pyrobnn.predictions.ClassificationPrediction`."""
-        check_positive_int("batch_size", batch_size)
+        :class:`~pyrobnn.predictions.ClassificationPrediction`. The points go through in chunks of
+        ``batch_size`` (default: as many as the memory budget allows, :mod:`pyrobnn.memory`)."""
         net = self.map_net
+        rows = self.num_draws if draws is None else len(draws)
+        per_point = memory.activation_bytes(net, x)
+        if batch_size is None:
+            batch_size = memory.points_per_chunk(x.shape[0], rows, per_point, memory.GRADIENT_FACTOR)
+        else:
+            check_positive_int("batch_size", batch_size)
+            points = min(batch_size, x.shape[0])
+            memory.check_fits(rows * points * per_point * memory.GRADIENT_FACTOR,
+                              f"a linearized-predictive chunk of {points} points x {rows} draws", "batch_size")
         params = {n: p.detach() for n, p in net.named_parameters()}
         # only the sites the approximation covers vary (the last layer's, with subset="last_layer")
         primals = {n: self.map_values[n] for n in self.covered_names}
@@ -165,24 +180,19 @@ class LaplacePosterior(Posterior):
         return self.likelihood.summarize(torch.cat(outputs, 1), latents)
 
 
-def _check_model(model):
-    check_samplable(model)
-    if isinstance(model.likelihood, GaussianLikelihood):
-        kind = "regression"
-    elif isinstance(model.likelihood, CategoricalLikelihood):
-        kind = "classification"
-    else:
-        raise ValueError(
-            f"laplace supports GaussianLikelihood and CategoricalLikelihood, got {type(model.likelihood).__name__}"
-        )
-    for site in model.sites:
-        prior = model.site_prior(site)
-        if not isinstance(prior, NormalPrior):
-            raise ValueError(
-                f"laplace needs a Gaussian prior on every random site; site {site.name!r} has "
-                f"{type(prior).__name__} (use NormalPrior)"
-            )
-    return kind
+class TwoClassLogits(torch.nn.Module):
+    """A one-output Bernoulli network's logit :math:`f` as the two-class logits :math:`(0, f)`,
+    whose softmax is :math:`(1 - \\sigma(f), \\sigma(f))`: laplace-torch's categorical
+    likelihood on it is the Bernoulli one, curvature included (the GGN's logit block
+    :math:`\\sigma(f)(1 - \\sigma(f))`)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        f = self.net(x)
+        return torch.cat([torch.zeros_like(f), f], -1)
 
 
 def _last_linear(net):
@@ -256,7 +266,7 @@ def laplace(
     num_samples: int = 100,
     map_estimate=None,
     map_options=None,
-    batch_size: int = 256,
+    batch_size=None,
     seed: int = 0,
 ) -> LaplacePosterior:
     """The Laplace approximation of ``model``'s posterior given ``(x, y)``.
@@ -272,23 +282,35 @@ def laplace(
     :param map_estimate: the MAP, as a one-member :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior`
         or ``{site: value}``; default: trained here by :func:`~pyrobnn.infer.modes.ensemble.deep_ensemble`
         with ``objective="map"`` and ``map_options`` (e.g. ``{"max_epochs": 200}``).
-    :param batch_size: points per batch for the curvature.
+    :param batch_size: points per batch for the curvature (default: as many as the memory budget
+        of :mod:`pyrobnn.memory` allows a pass with gradients, at most :data:`CURVATURE_BATCH`).
     """
+    refuse_unsupported("laplace", model)
     if subset not in SUBSETS:
         raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
     if hessian not in HESSIANS:
         raise ValueError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
-    check_positive_int("num_samples", num_samples)
-    check_positive_int("batch_size", batch_size)
-    kind = _check_model(model)
+    check_budget("laplace", "num_samples", num_samples)
+    if batch_size is not None:
+        check_budget("laplace", "batch_size", batch_size)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)
+    outputs = check_forward(model.net, x)[-1]
+    y = model.likelihood.check_targets(y, (x.shape[0], outputs))
+    kind = "regression" if isinstance(model.likelihood, GaussianLikelihood) else "classification"
+    bernoulli = isinstance(model.likelihood, BernoulliLikelihood)
+    if bernoulli:
+        if outputs != 1:
+            raise ValueError(f"laplace takes a Bernoulli likelihood with one output (laplace-torch has one label per point); the network has {outputs}")
+        y = y.reshape(-1).long()
     with laplace_torch_quiet():
         from laplace import Laplace  # imported on use: laplace-torch loads its curvature backends (seconds)
 
     start = time.perf_counter()
     values = _map_values(model, map_estimate, x, y, seed, map_options)
-    net = model.deterministic_net(values)
+    net = model.deterministic_net(values).eval()  # dropout off, batch normalization on its running statistics
+    fitted = TwoClassLogits(net).eval() if bernoulli else net
+    prefix = "net." if bernoulli else ""
     site_names = {s.name for s in model.sites}
     covered = []
     for name, p in net.named_parameters():
@@ -302,7 +324,7 @@ def laplace(
         layer_params = [n for n, _ in net.get_submodule(layer).named_parameters()]
         if len(covered) != len(layer_params):
             raise ValueError(f"subset='last_layer' needs every parameter of the last layer {layer!r} to be random")
-        kwargs["last_layer_name"] = layer
+        kwargs["last_layer_name"] = prefix + layer
     precisions = torch.tensor(
         [1.0 / model.site_prior(model.site(n)).site_scale(model.site(n)) ** 2 for n in covered], dtype=model.dtype, device=model.device
     )
@@ -321,7 +343,10 @@ def laplace(
         noise = values[latents[0]] if latents else model.likelihood.scale()
         kwargs["sigma_noise"] = float(noise.detach())
     with laplace_torch_quiet():
-        la = Laplace(net, kind, subset_of_weights=subset, hessian_structure=hessian, prior_precision=precisions.clone(), **kwargs)
+        la = Laplace(fitted, kind, subset_of_weights=subset, hessian_structure=hessian, prior_precision=precisions.clone(), **kwargs)
+        if batch_size is None:
+            per_point = memory.activation_bytes(net, x)
+            batch_size = min(CURVATURE_BATCH, memory.points_per_chunk(x.shape[0], 1, per_point, memory.GRADIENT_FACTOR))
         la.fit(DataLoader(TensorDataset(x, y), batch_size=batch_size))
         if tune_prior:
             la.optimize_prior_precision(method="marglik", pred_type="glm", init_prior_prec=precisions.clone(), prior_structure=structure)
@@ -353,3 +378,19 @@ def laplace(
         ordered, {}, seconds, f"Laplace ({hessian}, {subset.replace('_', ' ')})", settings=settings, model=model, approximation=la,
         map_values=values, map_net=net, likelihood=model.likelihood, covered_names=tuple(covered), latent_names=tuple(latents),
     )
+
+
+register(MethodSpec(
+    "laplace", "Laplace approximation at the MAP (laplace-torch's GGN: KFAC, diagonal or full), GLM predictive", "laplace", laplace,
+    Support(
+        likelihoods=("gaussian", "gaussian_prior", "categorical", "bernoulli"), priors=("normal",),
+        reasons={
+            "heteroscedastic": "laplace-torch has no heteroscedastic likelihood",
+            "gaussian_learned": LATENT_ONLY,
+            "custom": "laplace-torch knows Gaussian and categorical likelihoods only",
+            "prior": "the approximation hands laplace-torch one Gaussian prior precision per site, which only a NormalPrior has",
+        },
+    ),
+    budgets={"num_samples": 1, "batch_size": 1},
+    quick={"num_samples": 4, "map_options": {"max_epochs": 2, "progress": False}},
+))

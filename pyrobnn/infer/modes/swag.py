@@ -15,8 +15,9 @@ with :math:`z_1 \sim N(0, I_d)`, :math:`z_2 \sim N(0, I_K)`.
 Several SWAG runs (``num_runs``, from different MAP members) batch as rows of one tensor,
 MultiSWAG (Wilson & Izmailov 2020); the draws of each run form one chain.
 Everything lives in the unconstrained space of :class:`~pyrobnn.infer.potential.FlatPotential`.
-Networks with batch normalization are refused: SWAG needs the normalization statistics
-recomputed for each draw, which this implementation does not do.
+The network is evaluated as by every method that builds a potential (:data:`pyrobnn.methods.NETWORK_EVALUATION`):
+batch normalization uses the running statistics the network holds, for the SGD iterates and for
+every draw (Maddox et al. recompute them per draw instead, on the training data).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
+from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.validation import check_positive_int, validate_training_data
 
 __all__ = ["SWAGMoments", "SWAGPosterior", "swag", "swag_moments", "AUTO_LR"]
 
@@ -160,18 +162,13 @@ def swag(
     :param map_estimate: an :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior` of ``num_runs``
         members; default: trained here (``deep_ensemble(objective="map", **map_options)``).
     """
-    check_samplable(model)
+    refuse_unsupported("swag", model)
     for name, value in (("num_epochs", num_epochs), ("batch_size", batch_size), ("rank", rank), ("num_samples", num_samples), ("num_runs", num_runs)):
-        check_positive_int(name, value)
-    if num_epochs < 2:
-        raise ValueError(f"num_epochs must be at least 2 (one iterate per epoch), got {num_epochs}")
+        check_budget("swag", name, value)
     if lr != "auto" and not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}")
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-    norms = [type(m).__name__ for m in model.net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if norms:
-        raise ValueError(f"swag does not recompute batch-norm statistics per draw; the network has {norms[0]}")
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device, model.dtype), y.to(model.device)
     settings_given = dict(
@@ -248,3 +245,10 @@ def swag(
     stats = {"lr": float(lr), "epoch_loss": torch.tensor(epoch_losses)}
     settings = dict(settings_given, map_estimate=map_estimate)
     return SWAGPosterior(samples, stats, seconds, label, settings=settings, model=model, moments=moments)
+
+
+register(MethodSpec(
+    "swag", "SWAG: a Gaussian (diagonal + low rank) from SGD's iterates around the MAP", "swag", swag, latent_only_support(),
+    budgets={"num_epochs": 2, "batch_size": 1, "rank": 1, "num_samples": 1, "num_runs": 1},
+    quick={"num_epochs": 2, "batch_size": 16, "num_samples": 4, "map_options": {"max_epochs": 2, "progress": False}, "progress": False},
+))

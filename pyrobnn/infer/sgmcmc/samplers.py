@@ -41,7 +41,8 @@ from pyrobnn.infer.checkpoints import RunCheckpoint
 from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint_grad
 from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
+from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.validation import check_positive_int, validate_training_data
 
 __all__ = ["sgld", "sghmc", "chain_starts", "AUTO_STEP"]
 
@@ -63,7 +64,7 @@ def chain_starts(model, potential, init, num_chains, seed, generator):
 
 def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
          batch_size, num_chains, init, seed, progress, checkpoint=None, checkpoint_every=None, checkpoint_seconds=60.0):
-    check_samplable(model)
+    refuse_unsupported(kind, model)
     settings_given = dict(
         step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
         num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=num_chains, seed=seed,
@@ -75,7 +76,9 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     for name, value in (("num_steps", num_steps), ("thinning", thinning), ("num_cycles", num_cycles), ("batch_size", batch_size)):
-        check_positive_int(name, value)
+        check_budget(kind, name, value)
+    if init is None:
+        check_budget(kind, "num_chains", num_chains)
     if num_burnin is None:
         num_burnin = num_steps // 2
     if schedule == "constant" and (not isinstance(num_burnin, int) or num_burnin < 0 or num_burnin >= num_steps):
@@ -205,3 +208,11 @@ def sghmc(
                 thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
                 num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint,
                 checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds)
+
+
+_SG_BUDGETS = {"num_steps": 1, "thinning": 1, "num_cycles": 1, "batch_size": 1, "num_chains": 1}
+_SG_QUICK = {"num_steps": 6, "thinning": 2, "batch_size": 16, "num_chains": 2, "step_size": "auto", "progress": False}
+register(MethodSpec("sgld", "SGLD: Langevin dynamics on minibatch gradients (constant or cyclical steps)", "sgmcmc", sgld,
+                    latent_only_support(), budgets=_SG_BUDGETS, quick=_SG_QUICK))
+register(MethodSpec("sghmc", "SGHMC: Hamiltonian dynamics with friction on minibatch gradients", "sgmcmc", sghmc,
+                    latent_only_support(), budgets=_SG_BUDGETS, quick=_SG_QUICK))

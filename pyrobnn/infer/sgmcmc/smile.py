@@ -17,7 +17,8 @@ from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.sgmcmc.samplers import chain_starts
 from pyrobnn.infer.sgmcmc.smile_kernel import SMILESettings, SMILEState, smile_init, smile_step
-from pyrobnn.validation import check_positive_int, check_samplable, validate_training_data
+from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.validation import validate_training_data
 
 __all__ = ["smile"]
 
@@ -67,16 +68,16 @@ def smile(
     chain the steps undone by the guardrail (``resets``, ``resets_warmup``) and for a non-finite
     value (``nonfinite``, ``nonfinite_warmup``).
     """
-    check_samplable(model)
+    refuse_unsupported("smile", model)
     settings_given = dict(
         num_samples=num_samples, num_warmup=num_warmup, thinning=thinning, step_size=step_size, batch_size=batch_size,
         precondition=precondition, tune=tune, reset_prob=reset_prob, adaptation_prob=adaptation_prob,
         adaptation_strength=adaptation_strength, L=L, num_chains=num_chains, seed=seed,
     )
-    for name, value in (("num_samples", num_samples), ("thinning", thinning), ("batch_size", batch_size)):
-        check_positive_int(name, value)
-    if not isinstance(num_warmup, int) or isinstance(num_warmup, bool) or num_warmup < 0:
-        raise ValueError(f"num_warmup must be a non-negative integer, got {num_warmup!r}")
+    for name, value in (("num_samples", num_samples), ("num_warmup", num_warmup), ("thinning", thinning), ("batch_size", batch_size)):
+        check_budget("smile", name, value)
+    if init is None:
+        check_budget("smile", "num_chains", num_chains)
     if num_samples < thinning:
         raise ValueError(f"num_samples ({num_samples}) must be at least thinning ({thinning}): no draw would be kept")
     if not (isinstance(step_size, (int, float)) and 0 < step_size <= 10 and math.isfinite(step_size)):
@@ -159,3 +160,10 @@ def smile(
     stats = {"step_size": state.step_size, "energy_change": torch.stack(changes, 1), **counts}
     label = ("pSMILE" if precondition else "SMILE") + (" (tuned step size)" if tune else "")
     return Posterior(samples, stats, seconds, label, "sgmcmc", dict(settings_given, num_chains=chains, init=init), model)
+
+
+register(MethodSpec(
+    "smile", "SMILE: stochastic-gradient microcanonical Langevin ensembles (pSMILE by default)", "sgmcmc", smile,
+    latent_only_support(), budgets={"num_samples": 1, "num_warmup": 0, "thinning": 1, "batch_size": 1, "num_chains": 1},
+    quick={"num_samples": 4, "num_warmup": 4, "thinning": 2, "batch_size": 16, "num_chains": 2, "progress": False},
+))

@@ -1,4 +1,6 @@
-"""The record of an SVI run, epoch by epoch, that :func:`pyrobnn.fit` returns."""
+"""The record of a variational run, epoch by epoch: the ``history`` of the
+:class:`~pyrobnn.infer.variational.VariationalPosterior` that :func:`pyrobnn.fit` and
+:func:`pyrobnn.ivon` return."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ __all__ = ["History"]
 class History:
     """Per-epoch record of training. ``nll`` is the negative expected log-likelihood and
     ``kl`` the (unweighted) KL, both for the whole data set, averaged over the epoch's steps;
-    ``loss = nll + kl_weight * kl``. ``extra`` holds what an epoch callback returned."""
+    ``loss = nll + kl_weight * kl``; ``seconds`` the time since the run began, at the end of
+    each epoch. ``extra`` holds what an epoch callback returned."""
 
     epoch: list = field(default_factory=list)
     loss: list = field(default_factory=list)

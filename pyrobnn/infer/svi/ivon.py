@@ -51,7 +51,8 @@ from pyrobnn.infer.minibatch import MinibatchLoop
 from pyrobnn.infer.potential import FlatPotential
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.variational import VariationalPosterior
-from pyrobnn.validation import check_positive_int, validate_training_data
+from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.validation import validate_training_data
 
 __all__ = ["ivon", "IVONState", "ivon_update", "default_beta2", "warmup_cosine_factor"]
 
@@ -161,8 +162,9 @@ def ivon(
         ``hess_init``, far below the likelihood's curvature) and the fit may not recover.
     :param schedule: see ``warmup``.
     """
+    refuse_unsupported("ivon", model)
     for name, value in (("epochs", epochs), ("batch_size", batch_size), ("mc_samples", mc_samples)):
-        check_positive_int(name, value)
+        check_budget("ivon", name, value)
     for name, value in (("lr", lr), ("hess_init", hess_init)):
         if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
             raise ValueError(f"{name} must be a positive finite number, got {value!r}")
@@ -192,11 +194,11 @@ def ivon(
         prior_loc, prior_scale = prior_loc.to(model.dtype), prior_scale.to(model.dtype)
         weight = ~latent
         delta = torch.where(latent, 0.0, 1.0 / (ess * prior_scale.square()))
-        start = {s.name: model.init_value(s).detach().unsqueeze(0) for s in model.sites}
+        initial = {s.name: model.init_value(s).detach().unsqueeze(0) for s in model.sites}
         guide_start = MeanFieldNormal(model)  # its latent factors start at the log of the prior's mean
         for name, *_, shape in potential.blocks[len(potential.sites):]:
-            start[name] = guide_start.latent_loc[site_key(name)].detach().exp().reshape((1,) + tuple(shape))
-        m0 = potential.pack(start)[0]
+            initial[name] = guide_start.latent_loc[site_key(name)].detach().exp().reshape((1,) + tuple(shape))
+        m0 = potential.pack(initial)[0]
         state = IVONState(m0, hess_init)
         loop = MinibatchLoop(n, batch_size, seed, x.device, advice=f"Lower lr (now {lr:.3g}).")
         steps = epochs * math.ceil(n / loop.batch_size)
@@ -207,7 +209,7 @@ def ivon(
         bar = tqdm(total=epochs, disable=not progress, desc="IVON", unit="epoch", dynamic_ncols=True)
         try:
             for epoch in range(epochs):
-                t0, total_nll, batches = time.perf_counter(), 0.0, 0
+                total_nll, batches = 0.0, 0
                 for idx in loop.epoch_batches():
                     xb, yb = x[idx], y[idx]
                     sigma = state.std(ess, delta)
@@ -245,7 +247,7 @@ def ivon(
                 history.kl.append(kl)
                 history.kl_weight.append(1.0)
                 history.loss.append(data_nll + kl)
-                history.seconds.append(time.perf_counter() - t0)
+                history.seconds.append(time.perf_counter() - start)
                 bar.update(1)
                 bar.set_postfix(loss=f"{data_nll + kl:.4g}")
         finally:
@@ -292,3 +294,11 @@ def _guide(model, potential, m, sigma) -> MeanFieldNormal:
         guide.latent_loc[key].copy_(m[start:stop].reshape(guide.latent_loc[key].shape))
         guide.latent_rho[key].copy_(inverse_softplus(sigma[start:stop]).reshape(guide.latent_rho[key].shape))
     return guide
+
+
+register(MethodSpec(
+    "ivon", "IVON: a diagonal Gaussian by natural-gradient variational learning (returns a MeanFieldNormal guide)", "variational",
+    ivon, latent_only_support(priors=("normal",), reasons={"prior": "a Normal prior is IVON's weight decay"}),
+    budgets={"epochs": 1, "batch_size": 1, "mc_samples": 1},
+    quick={"epochs": 2, "batch_size": 16, "progress": False},
+))

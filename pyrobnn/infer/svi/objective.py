@@ -56,6 +56,7 @@ class SVIObjective:
     def __init__(self, model, guide, elbo=None, num_particles: int = 1, estimator=None, compile: bool = False):
         check_positive_int("num_particles", num_particles)
         self.model, self.guide = model, guide
+        self.num_particles = int(num_particles)
         self.elbo = make_elbo(elbo, guide, num_particles)
         self.estimator = make_estimator(estimator)
         self.flat = None

@@ -12,12 +12,16 @@ from typing import Callable, Optional
 import pyro
 import torch
 
+from pyrobnn import memory
 from pyrobnn.progress import tqdm
 from pyrobnn.infer.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
+from pyrobnn.guides import ConcreteDropout, GaussianDropout, MCDropout, MeanFieldNormal, SparseVariationalDropout, VariationalDropout
 from pyrobnn.io import atomic_save, safe_load
+from pyrobnn.methods import MethodSpec, Support, register
+from pyrobnn.models import BayesianModel
 from pyrobnn.validation import (
     as_tensor,
     check_forward,
@@ -27,7 +31,7 @@ from pyrobnn.validation import (
     validate_training_data,
 )
 
-__all__ = ["fit", "SVITrainer", "History", "default_optimizer"]
+__all__ = ["fit", "SVITrainer", "History", "default_optimizer", "loader_pair", "with_guide"]
 
 
 def _check_same_tensors(what, current: dict, saved: dict) -> None:
@@ -53,9 +57,34 @@ def _batches(loader_or_tensors, batch_size, generator):
             yield x[idx], y[idx]
     else:
         for batch in loader_or_tensors:
-            if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-                raise ValueError("a DataLoader for fit must yield (x, y) pairs")
-            yield batch[0], batch[1]
+            yield loader_pair(batch)
+
+
+def loader_pair(batch):
+    """``(x, y)`` from a batch a ``DataLoader`` yielded, or a ``ValueError`` that says what a
+    loader must yield and what this one yielded."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, dict):
+        got = f"a dict with keys {sorted(map(str, batch))[:6]}"
+    elif isinstance(batch, (tuple, list)):
+        got = f"a {type(batch).__name__} of {len(batch)} items"
+    else:
+        got = f"a {type(batch).__name__}"
+    raise ValueError(
+        f"a DataLoader for fit must yield (x, y) pairs (a tuple or list of two tensors or arrays: inputs, targets); it yielded "
+        f"{got}. Wrap its dataset so that each item is (x, y), e.g. TensorDataset(x, y)"
+    )
+
+
+def _default_batch_size(model, x, particles: int) -> int:
+    """All points, or where one step's activations and their gradients on all of them do not
+    fit the memory budget (:mod:`pyrobnn.memory`), equal batches that do."""
+    if not isinstance(model, BayesianModel):
+        return x.shape[0]
+    n = x.shape[0]
+    most = memory.points_per_chunk(n, particles, memory.activation_bytes(model.net, x[:1].to(model.device)), memory.GRADIENT_FACTOR)
+    return math.ceil(n / math.ceil(n / most))
 
 
 def default_optimizer(params, lr):
@@ -139,6 +168,7 @@ class SVITrainer:
         self.failures = StepFailures()
         self.history = History()
         self.epoch = 0
+        self.batch_size = None
         self.generator = torch.Generator()
         self.generator.manual_seed(int(torch.randint(0, 2**62, ()).item()))
 
@@ -165,7 +195,7 @@ class SVITrainer:
         with pyro.poutine.block(), torch.no_grad():
             self.guide(x, y, dataset_size=dataset_size)
         self._num_outputs = None
-        if hasattr(self.model, "net") and hasattr(self.model, "likelihood"):
+        if isinstance(self.model, BayesianModel):
             self._num_outputs = check_forward(self.model.net, x)[-1]
         params = self._params = self.parameters()
         if self._optimizer_factory is None:
@@ -223,15 +253,15 @@ class SVITrainer:
         """The checks of every batch that read no values (types, dtypes, shapes: no host
         synchronization); returns the batch on the model's device, floating targets in the
         model's dtype. Values are checked on the device by :meth:`_flag_batch`."""
-        x = as_tensor(x, "x")
+        dtype = getattr(self.model, "dtype", None)
+        x = as_tensor(x, "x", dtype)
         if y is None:
             raise ValueError("y is required for training")
-        y = as_tensor(y, "y")
-        if hasattr(self.model, "check_x"):
+        y = as_tensor(y, "y", dtype)
+        if isinstance(self.model, BayesianModel):
             self.model.check_x(x)
         if y.dim() == 0 or y.shape[0] != x.shape[0]:
             raise ValueError(f"x has {x.shape[0]} examples but y has shape {tuple(y.shape)}")
-        dtype = getattr(self.model, "dtype", None)
         if y.is_floating_point() and dtype is not None and y.dtype != dtype:
             y = y.to(dtype)
         device = self.model.device
@@ -360,8 +390,10 @@ class SVITrainer:
 
         :param x: the training data as tensors, or
         :param y: see ``x``.
-        :param loader: a ``DataLoader`` yielding ``(x, y)``.
-        :param batch_size: minibatch size for tensors (default: the whole data set).
+        :param loader: a ``DataLoader`` yielding ``(x, y)`` pairs.
+        :param batch_size: minibatch size for tensors (default: the whole data set, or as many
+            points as the memory budget of :mod:`pyrobnn.memory` allows a step; ``batch_size``
+            records the size used).
         :param checkpoint: path of a checkpoint written every ``checkpoint_every`` epochs and
             at the end, atomically.
         :param resume: continue from ``checkpoint`` if the file exists.
@@ -373,7 +405,7 @@ class SVITrainer:
             x, y = validate_training_data(self.model, x, y)
             n = x.shape[0]
             if batch_size is None:
-                batch_size = n
+                batch_size = _default_batch_size(self.model, x, self.objective.num_particles)
             check_positive_int("batch_size", batch_size)
             source = (x.to(self.model.device), y.to(self.model.device))
             steps_per_epoch = math.ceil(n / batch_size)
@@ -384,11 +416,12 @@ class SVITrainer:
                 raise ValueError("the DataLoader's dataset is empty")
             source = loader
             steps_per_epoch = len(loader)
-            first_x, first_y = next(iter(loader))
+            first_x, first_y = loader_pair(next(iter(loader)))
             validate_training_data(self.model, first_x, first_y)
         if not isinstance(epochs, numbers.Integral) or isinstance(epochs, bool) or epochs < 0:
             raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
         check_positive_int("checkpoint_every", checkpoint_every)
+        self.batch_size = batch_size if loader is None else loader.batch_size
 
         if resume and checkpoint is not None and os.path.exists(checkpoint):
             self.load_checkpoint(checkpoint, first_x, first_y, n)
@@ -458,16 +491,21 @@ def fit(
     resume: bool = False,
     callback=None,
     seed: Optional[int] = None,
-) -> History:
+):
     """Fit ``guide`` (and the model's point parameters) to data by SVI.
 
-    See :class:`SVITrainer` for the options; returns the :class:`History`.
+    See :class:`SVITrainer` for the options. Returns a
+    :class:`~pyrobnn.infer.variational.VariationalPosterior` (the model and the trained guide,
+    with the verbs of every result), whose ``history`` is the :class:`History` of the run.
 
     Example::
 
-        history = pyrobnn.fit(model, guide, x, y, epochs=1000, lr=1e-2)
-        history.nll[-1], history.kl[-1]
+        vi = pyrobnn.fit(model, guide, x, y, epochs=1000, lr=1e-2)
+        vi.history.nll[-1], vi.history.kl[-1]
+        vi.predict(x_test).metrics(y_test)
     """
+    from pyrobnn.infer.variational import VariationalPosterior
+
     trainer = SVITrainer(
         model,
         guide,
@@ -481,7 +519,7 @@ def fit(
         estimator=estimator,
         compile=compile,
     )
-    return trainer.fit(
+    history = trainer.fit(
         x,
         y,
         loader=loader,
@@ -494,3 +532,38 @@ def fit(
         callback=callback,
         seed=seed,
     )
+    settings = dict(
+        epochs=epochs, batch_size=trainer.batch_size, lr=lr, elbo=elbo if isinstance(elbo, (str, type(None))) else type(elbo).__name__,
+        num_particles=num_particles, estimator=estimator if isinstance(estimator, (str, type(None))) else type(estimator).__name__,
+        seed=seed,
+    )
+    return VariationalPosterior(model, guide, history, settings=settings)
+
+
+def with_guide(guide_class, **guide_options):
+    """``run(model, x, y, **options)``: :func:`fit` of a new ``guide_class(model, **guide_options)``
+    (the registry's form of a guide method)."""
+
+    def run(model, x, y, **options):
+        return fit(model, guide_class(model, **guide_options), x, y, **options)
+
+    run.__name__ = run.__qualname__ = f"fit_{guide_class.__name__}"
+    run.__doc__ = f"pyrobnn.fit(model, {guide_class.__name__}(model), x, y, **options)"
+    return run
+
+
+_DROPOUT_KL = "Gal & Ghahramani's KL (2016) is defined against a zero-mean Normal prior"
+_SVI_BUDGETS = {"epochs": 0, "batch_size": 1, "num_particles": 1}
+_SVI_QUICK = {"epochs": 3, "progress": False}
+for _key, _label, _guide, _options, _support in (
+    ("meanfield", "Bayes by Backprop: a mean-field Normal guide trained by SVI", MeanFieldNormal, {}, Support()),
+    ("variational_dropout", "variational dropout (Kingma et al. 2015) by SVI", VariationalDropout, {}, Support()),
+    ("sparse_vd", "sparse variational dropout (Molchanov et al. 2017) by SVI", SparseVariationalDropout, {}, Support()),
+    ("gaussian_dropout", "Gaussian dropout with a fixed rate, as variational inference", GaussianDropout, {},
+     Support(priors=("log_uniform",), reasons={"prior": "noise shared by an input unit has a KL only against the log-uniform prior (Kingma et al. 2015)"})),
+    ("mc_dropout", "MC dropout as variational inference (Gal & Ghahramani 2016)", MCDropout, {"p": 0.1},
+     Support(priors=("normal",), reasons={"prior": _DROPOUT_KL})),
+    ("concrete_dropout", "concrete dropout: learned dropout rates (Gal, Hron & Kendall 2017)", ConcreteDropout, {},
+     Support(priors=("normal",), reasons={"prior": _DROPOUT_KL})),
+):
+    register(MethodSpec(_key, _label, "variational", with_guide(_guide, **_options), _support, budgets=_SVI_BUDGETS, quick=_SVI_QUICK))

@@ -60,13 +60,16 @@ class _Model(ctypes.Structure):
 # ----------------------------------------------------------------------------- the model
 def _layers(net):
     """``[(linear, activation module or None)]`` for a stack of Linear layers each followed by
-    at most one supported activation; ``None`` for any other network."""
+    at most one supported activation (dropout modules anywhere, the identity in eval mode);
+    ``None`` for any other network."""
     if type(net) is nn.Linear:
         return [[net, None]]
     if not isinstance(net, nn.Sequential):
         return None
     out = []
     for module in net:
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            continue  # the samplers evaluate the network in eval mode, where dropout is the identity
         if type(module) is nn.Linear:
             out.append([module, None])
         elif type(module) in _ACTIVATIONS and out and out[-1][1] is None:
@@ -123,7 +126,7 @@ def unsupported_reason(model, x=None):
 
     layers = _layers(model.net)
     if layers is None:
-        return "the network is not an nn.Linear or an nn.Sequential of nn.Linear layers with tanh, ReLU, GELU or sigmoid activations"
+        return "the network is not an nn.Linear or an nn.Sequential of nn.Linear layers with tanh, ReLU, GELU or sigmoid activations (and dropout)"
     if model.dtype not in (torch.float32, torch.float64):
         return f"dtype {model.dtype} (the native kernels are float32 and float64)"
     if model.device.type != "cpu":

@@ -1,0 +1,134 @@
+"""Which code runs a full-batch sampler: the backend, chosen by a rule on the model and the run.
+
+Three backends compute the same transitions on the same random numbers:
+
+- ``"native"``: the hand-written kernels of :mod:`pyrobnn.infer.mcmc.native`, for the common
+  Bayesian MLP; built once per machine (about 2 s) and loaded from the user's cache afterwards;
+- ``"compile"``: the torch code compiled by Inductor (``torch.compile``), for any network; it
+  pays 10-16 s of compilation in every run and every process;
+- ``"eager"``: the same torch code run op by op; no start-up cost, and the reference.
+
+``backend="auto"`` (the default) applies a rule to what the model is and what the run asks for,
+never to timings or to what a cache holds, so that one call with one seed takes one backend on
+every machine that has a C++ compiler, and gives bit-identical draws each time:
+
+1. the native kernels where they apply (:func:`~pyrobnn.infer.mcmc.native.unsupported_reason`
+   is ``None`` and a C++ compiler is found), except MCLMC with at least :data:`LOCKSTEP_CHAINS`
+   chains on a network of at least :data:`LARGE_MACS` multiply-adds per evaluation, which
+   Inductor's batched products run faster;
+2. else ``torch.compile`` when the run asks for at least :data:`COMPILE_FROM_EVALUATIONS`
+   gradient evaluations per chain (for NUTS, the most its trees can take);
+3. else eager torch code (a run too short for a compilation to pay).
+
+``backend="native" | "compile" | "eager"`` names one; ``"native"`` is refused, with the reason,
+for a model the kernels do not take. Two backends agree to rounding on each evaluation (float64:
+to about 1e-13), not bit for bit, and a chain amplifies rounding over many steps. The choice and
+its reason go into the result's ``stats["path"]`` and ``stats["path_reason"]`` (``summary()``
+shows them). A ``torch.compile`` that fails falls back to eager code with a warning that says so.
+``compile=`` is the deprecated spelling: ``True`` is the native kernels where they apply, else
+``torch.compile``; ``False`` is ``"eager"``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+from pyrobnn.infer.mcmc import native as native_kernels
+
+__all__ = ["ExecutionPath", "choose_path", "resolve_backend", "BACKENDS", "COMPILE_FROM_EVALUATIONS", "LARGE_MACS", "LOCKSTEP_CHAINS"]
+
+BACKENDS = ("auto", "native", "compile", "eager")
+#: gradient evaluations per chain from which a model outside the native kernels is compiled:
+#: ``torch.compile`` costs 10-16 s once, and saves 20-40x per evaluation of a small network
+#: (docs/logs/benchmarks.md), which pays from about this many evaluations of the 1-50-1 network
+COMPILE_FROM_EVALUATIONS = 20_000
+#: multiply-adds per chain and evaluation (points x sum of in x out over the layers) from which
+#: MCLMC with at least LOCKSTEP_CHAINS chains runs faster in Inductor's batched matrix products
+#: than in the native per-chain loops: MILE's protocol on concrete (300k) took 176 s native on
+#: two threads against 96 s compiled on one; yacht (83k) is faster native (docs/logs/benchmarks.md).
+#: NUTS stays native: its chains build trees of different lengths, which lockstep would pay for.
+LARGE_MACS, LOCKSTEP_CHAINS = 150_000, 8
+
+
+@dataclass
+class ExecutionPath:
+    """The chosen backend: ``kind`` (``"native"``, ``"torch.compile"`` or ``"eager"``), the
+    reason in words, and the :class:`~pyrobnn.infer.mcmc.native.NativeMLP` for the native path."""
+
+    kind: str
+    reason: str
+    native: Optional[object] = None
+
+    def stats(self) -> dict:
+        return {"path": self.kind, "path_reason": self.reason}
+
+
+def resolve_backend(backend, compile=None) -> str:
+    """The backend asked for: ``backend`` (one of :data:`BACKENDS`), or the deprecated
+    ``compile`` (``True``: ``"compiled"``, the fastest compiled code; ``False``: ``"eager"``;
+    ``"auto"``), which is refused together with a ``backend`` other than ``"auto"``."""
+    if backend not in BACKENDS and backend != "compiled":  # "compiled": compile=True, resolved in a parent process
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if compile is None:
+        return backend
+    if compile not in ("auto", True, False) or (isinstance(compile, (int, float)) and not isinstance(compile, bool)):
+        raise ValueError(f"compile must be 'auto', True or False, got {compile!r}")
+    if backend != "auto":
+        raise ValueError(f"give backend= or the deprecated compile=, not both (backend={backend!r}, compile={compile!r})")
+    warnings.warn(
+        "compile= is deprecated: pass backend='native', 'compile', 'eager' or 'auto' (compile=True is the native kernels where "
+        "they apply, else 'compile'; compile=False is 'eager')", DeprecationWarning, stacklevel=4,
+    )
+    return {True: "compiled", False: "eager", "auto": "auto"}[compile]
+
+
+def _native(potential, why) -> ExecutionPath:
+    kernel = native_kernels.NativeMLP(potential)
+    record = kernel.record
+    if record["event"] == "built":
+        why += f"; built them in {record['build_seconds']:.1f} s (once per machine, kept in {native_kernels.library_folder()})"
+        if "rebuilt_because" in record:
+            why += f"; the cached library was refused: {record['rebuilt_because']}"
+    else:
+        why += "; loaded from this machine's cache"
+    return ExecutionPath("native", why, kernel)
+
+
+def choose_path(potential, z0, backend: str, sampler: str, evaluations: int, bound: bool = False) -> ExecutionPath:
+    """The backend for a run of ``sampler`` (``"NUTS"`` or ``"MCLMC"``) of ``potential`` (a
+    :class:`~pyrobnn.infer.potential.FlatPotential` holding its data) from ``z0``, making
+    ``evaluations`` gradient evaluations per chain (``bound``: at most that many), by the rule of
+    the module docstring. ``backend`` comes from :func:`resolve_backend`."""
+    if backend == "eager":
+        return ExecutionPath("eager", "backend='eager'")
+    if backend == "compile":
+        return ExecutionPath("torch.compile", "backend='compile'")
+    reason = native_kernels.unsupported_reason(potential.model, potential.x)
+    if reason is None and native_kernels.build_info()["compiler"] is None:
+        reason = "no C++ compiler was found"
+    if backend == "native":
+        if reason is not None:
+            raise ValueError(f"backend='native' does not apply to this run: {reason}; use backend='compile' or 'auto'")
+        return _native(potential, "backend='native'")
+    many = f"{'at most ' if bound else ''}{evaluations:,} gradient evaluations per chain"
+    if reason is None:
+        macs = native_kernels.multiply_adds(potential.model, potential.x)
+        if sampler == "MCLMC" and z0.shape[0] >= LOCKSTEP_CHAINS and macs >= LARGE_MACS:
+            return ExecutionPath(
+                "torch.compile",
+                f"MCLMC moves {z0.shape[0]} chains (>= {LOCKSTEP_CHAINS}) in lockstep on a network of {macs:,} multiply-adds per chain "
+                f"and evaluation (>= {LARGE_MACS:,}): Inductor's batched matrix products beat the native per-chain loops there",
+            )
+        try:
+            return _native(potential, "the native kernels apply to this network, prior and likelihood")
+        except native_kernels.NativeUnavailable as e:
+            reason = str(e)
+    compiled = backend == "compiled" or evaluations >= COMPILE_FROM_EVALUATIONS
+    if compiled:
+        why = "compile=True" if backend == "compiled" else f"{many} (>= {COMPILE_FROM_EVALUATIONS:,})"
+        return ExecutionPath("torch.compile", f"the native kernels do not apply ({reason}); {why}: torch.compile")
+    return ExecutionPath(
+        "eager", f"the native kernels do not apply ({reason}); {many} (< {COMPILE_FROM_EVALUATIONS:,}): too few for compiling to pay"
+    )

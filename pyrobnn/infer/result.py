@@ -1,0 +1,132 @@
+r"""The result protocol: what every method returns, and what every consumer takes.
+
+Every registered method (:mod:`pyrobnn.methods`) returns a :class:`Result`: draws of a
+:class:`~pyrobnn.models.BayesianModel`'s latent sites (:class:`~pyrobnn.infer.posterior.Posterior`
+and its subclasses: samplers, ensembles, Laplace, SWAG) or a trained guide that draws them on
+demand (:class:`~pyrobnn.infer.variational.VariationalPosterior`: SVI, IVON). Both answer the same
+verbs with the same signatures:
+
+- ``predict(x, num_samples=None, *, seed=None, batch_size=None)``: the posterior predictive
+  (a :class:`~pyrobnn.predictions.RegressionPrediction` or
+  :class:`~pyrobnn.predictions.ClassificationPrediction`); ``num_samples=None`` uses the
+  result's own draws: all draws of a sample-based result, ``num_draws`` fresh draws of a guide;
+  ``batch_size`` bounds the points per pass (default: chosen from the memory budget,
+  :mod:`pyrobnn.memory`);
+- ``to_arviz(x, y=None)``: an ``arviz.InferenceData``;
+- ``save(path)`` and ``load(path, model)``: one file, written atomically, read with
+  ``torch.load(weights_only=True)`` into a model of the same structure; nothing else is needed
+  to load (a guide's class and settings are saved and it is rebuilt);
+- ``summary()``: what it is, how it was made, and the diagnostics that apply;
+- ``as_draws(num_samples=None, *, seed=None)``: the result as draws
+  ``{site: (chains, draws, *shape)}`` in a :class:`~pyrobnn.infer.posterior.Posterior`, which
+  ArviZ conversion, diagnostics and ``compare`` read;
+
+and carry ``family`` (a :data:`FAMILIES` key), ``method`` (a label), ``settings`` (how it was
+made), ``stats`` (what the method recorded, in the :data:`STATS` schema), ``seconds`` and
+``model``. Consumers (:func:`pyrobnn.predict`, :mod:`pyrobnn.diagnostics`,
+:mod:`pyrobnn.compare`) dispatch on ``isinstance(result, Result)``, never on attribute checks.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+__all__ = ["Result", "STATS", "FAMILIES", "check_stats"]
+
+#: What a result's ``stats`` may hold, and in which shape: ``"draw"`` values are
+#: ``(chains, draws, ...)``, ``"chain"`` values ``(chains, ...)`` and ``"run"`` values describe
+#: the whole run (a number, a string, or a tensor without a chain axis). Any other key is refused,
+#: so that no method records a statistic that the verbs would then not find.
+STATS = {
+    # per draw
+    "diverging": ("draw", "whether the NUTS transition to this draw diverged"),
+    "accept_prob": ("draw", "NUTS's mean acceptance probability over the tree"),
+    "tree_depth": ("draw", "the depth of the NUTS tree"),
+    "num_steps": ("draw", "leapfrog steps of the NUTS transition"),
+    "energy": ("draw", "the potential, -log p(w, D) up to a constant, at the draw"),
+    "energy_change": ("draw", "the energy error of the MCLMC or SMILE step that made the draw"),
+    # per chain (or member, or run of MultiSWAG)
+    "step_size": ("chain", "the sampler's (final) step size"),
+    "L": ("chain", "MCLMC's momentum decoherence length"),
+    "inv_mass": ("chain", "the diagonal inverse mass matrix (preconditioner)"),
+    "nonfinite": ("chain", "steps undone because they gave a non-finite value, while sampling"),
+    "nonfinite_warmup": ("chain", "steps undone because they gave a non-finite value, while tuning"),
+    "resets": ("chain", "SMILE steps undone by the energy-error guardrail, while sampling"),
+    "resets_warmup": ("chain", "SMILE steps undone by the energy-error guardrail, while tuning"),
+    "val_nll": ("chain", "a member's best validation negative log-likelihood per point"),
+    "train_loss": ("chain", "a member's final training loss per point"),
+    "best_epoch": ("chain", "the epoch of a member's best validation loss"),
+    "epochs": ("chain", "epochs a member trained"),
+    # the run
+    "step": ("run", "the step (counted from 1) that made each kept draw (SG-MCMC)"),
+    "lr": ("run", "the learning rate (SWAG's SGD)"),
+    "epoch_loss": ("run", "the training loss per point after each epoch (SWAG)"),
+    "elbo_loss": ("run", "the negative ELBO after each epoch (SVI, IVON): expected NLL + KL weight x KL"),
+    "elbo_nll": ("run", "the expected negative log-likelihood of the data after each epoch (SVI, IVON)"),
+    "elbo_kl": ("run", "the KL of the variational posterior to the prior after each epoch (SVI, IVON)"),
+    "path": ("run", "which code ran the sampler: native, torch.compile or eager"),
+    "path_reason": ("run", "why that code ran"),
+}
+
+#: a result's family: what its draws are, and so which diagnostics apply
+FAMILIES = {
+    "mcmc": "Markov chains of a full-batch sampler",
+    "sgmcmc": "Markov chains of a stochastic-gradient sampler (no Metropolis correction)",
+    "ensemble": "one draw per member of a deep ensemble (independent optima)",
+    "laplace": "independent draws from a Gaussian at the MAP (Laplace)",
+    "swag": "independent draws from the SWAG Gaussian",
+    "variational": "draws from a trained guide",
+}
+
+
+def check_stats(stats: dict, chains: int, draws: int) -> None:
+    """Refuse a ``stats`` dict outside the :data:`STATS` schema, naming the key."""
+    for key, value in stats.items():
+        if key not in STATS:
+            raise ValueError(f"stats key {key!r} is not in the schema (pyrobnn.infer.result.STATS)")
+        kind = STATS[key][0]
+        if kind == "run" or not isinstance(value, torch.Tensor):
+            continue
+        expected = (chains, draws) if kind == "draw" else (chains,)
+        if tuple(value.shape[: len(expected)]) != expected:
+            raise ValueError(f"stats[{key!r}] has shape {tuple(value.shape)}; a {kind} statistic needs {expected} first")
+
+
+class Result(abc.ABC):
+    """The protocol of every method's result (the module docstring lists the verbs). A class
+    of one's own joins by subclassing it and implementing the abstract methods."""
+
+    family: str
+    method: str
+    settings: dict
+    stats: dict
+    seconds: float
+
+    @abc.abstractmethod
+    def predict(self, x, num_samples=None, *, seed=None, batch_size=None, **options):
+        """The posterior predictive at ``x``."""
+
+    @abc.abstractmethod
+    def to_arviz(self, x, y=None, **options):
+        """An ``arviz.InferenceData`` of the draws, the network's output at ``x`` and, with
+        ``y``, the pointwise log-likelihood."""
+
+    @abc.abstractmethod
+    def save(self, path) -> None:
+        """Write the result to ``path`` atomically."""
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, path, model, map_location=None) -> "Result":
+        """Read a result written by :meth:`save` for ``model``."""
+
+    @abc.abstractmethod
+    def summary(self) -> str:
+        """What the result is, how it was made, and its diagnostics, as text."""
+
+    @abc.abstractmethod
+    def as_draws(self, num_samples=None, *, seed=None):
+        """The result as draws of every latent site, a
+        :class:`~pyrobnn.infer.posterior.Posterior`."""

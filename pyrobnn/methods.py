@@ -1,0 +1,237 @@
+"""The method registry: one declaration per posterior method, read by the refusals, the
+conformance suite (:mod:`pyrobnn.testing`), ``pyrobnn compare`` and the support table of the
+documentation.
+
+Every method is a function ``method(model, x, y, *, ...)`` that returns a result satisfying
+:class:`~pyrobnn.infer.result.Result`. Its :class:`MethodSpec` says what it takes
+(:class:`Support`: the likelihoods and priors it is defined for) and the smallest budgets it
+accepts (``budgets``: argument -> least value). A method calls :func:`refuse_unsupported` and
+:func:`check_budget` at its start, before any work, so that what it refuses, the message that
+says so, and the table a user reads beforehand come from one declaration and cannot drift
+apart.
+
+The network is never a reason for a refusal: every method takes any ``nn.Module`` (a user's
+CNN, a custom ``forward``, ``nn.Dropout``, batch normalization), evaluated as
+:data:`NETWORK_EVALUATION` states.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+__all__ = [
+    "Support", "MethodSpec", "UnsupportedModelError", "METHODS", "LIKELIHOODS", "PRIORS", "NETWORK_EVALUATION", "LATENT_ONLY",
+    "latent_only_support",
+    "register", "spec", "likelihood_kind", "prior_kind", "supports", "refuse_unsupported", "check_budget",
+    "support_table",
+]
+
+#: the likelihood kinds a declaration names, with what each is
+LIKELIHOODS = {
+    "gaussian": "GaussianLikelihood with a fixed noise scale",
+    "gaussian_prior": "GaussianLikelihood with a prior on the noise scale (a latent site)",
+    "gaussian_learned": "GaussianLikelihood(scale='learned'), whose noise scale is a point parameter",
+    "heteroscedastic": "HeteroscedasticGaussianLikelihood",
+    "categorical": "CategoricalLikelihood (integer class labels)",
+    "bernoulli": "BernoulliLikelihood (binary targets)",
+    "custom": "a likelihood of the user's own (a pyrobnn Likelihood subclass)",
+}
+
+#: the prior kinds a declaration names
+PRIORS = {
+    "normal": "NormalPrior on every random site",
+    "log_uniform": "LogUniformPrior on every random site",
+    "other": "another prior on some site: ScaleMixturePrior, ARDPrior, a mix of kinds, or a prior of the user's own",
+}
+
+#: how every method that builds a potential evaluates the user's network
+NETWORK_EVALUATION = (
+    "in evaluation mode: dropout off, batch normalization on the running statistics the network holds when the "
+    "method is called (frozen, as in a network's eval mode)"
+)
+
+
+class UnsupportedModelError(ValueError):
+    """A method was asked for a model it is not defined for (raised before any work)."""
+
+
+@dataclass(frozen=True)
+class Support:
+    """What a method is defined for.
+
+    :ivar likelihoods: the :data:`LIKELIHOODS` kinds it takes (default: all).
+    :ivar priors: the :data:`PRIORS` kinds it takes (default: all).
+    :ivar reasons: why a kind is not taken, by kind (``"prior"``: for every prior kind not
+        taken); the refusal quotes it.
+    """
+
+    likelihoods: tuple = tuple(LIKELIHOODS)
+    priors: tuple = tuple(PRIORS)
+    reasons: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        unknown = [k for k in self.likelihoods if k not in LIKELIHOODS] + [k for k in self.priors if k not in PRIORS]
+        unknown += [k for k in self.reasons if k not in LIKELIHOODS and k not in PRIORS and k != "prior"]
+        if unknown:
+            raise ValueError(f"unknown kinds {unknown}: likelihoods are {list(LIKELIHOODS)}, priors {list(PRIORS)}")
+
+
+#: point parameters in a likelihood (a learned noise scale) stay fixed in every method that moves
+#: latent sites only: the samplers, ensembles, Laplace, SWAG and IVON
+LATENT_ONLY = (
+    "it moves latent sites only, and would leave a learned noise scale at its initial value: give the likelihood a "
+    "fixed noise scale or a prior (GaussianLikelihood(scale=0.1) or scale=dist.LogNormal(...))"
+)
+
+
+def latent_only_support(**kwargs) -> Support:
+    """The support of a method that moves latent sites only (every kind but a learned scale)."""
+    likelihoods = kwargs.pop("likelihoods", tuple(LIKELIHOODS))
+    reasons = {"gaussian_learned": LATENT_ONLY, **kwargs.pop("reasons", {})}
+    return Support(likelihoods=tuple(k for k in likelihoods if k != "gaussian_learned"), reasons=reasons, **kwargs)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One registered method.
+
+    :ivar key: its name in the registry (``"nuts"``, ``"meanfield"``).
+    :ivar label: a short description for tables.
+    :ivar family: the :data:`~pyrobnn.infer.result.FAMILIES` key of its results.
+    :ivar run: ``run(model, x, y, **options) -> Result``.
+    :ivar support: what it takes (:class:`Support`).
+    :ivar budgets: ``{argument: smallest accepted value}``; a call below is refused at once.
+    :ivar quick: options that keep a run of the conformance suite short (merged with the
+        smallest budgets).
+    :ivar seeded: the argument that seeds a run (every registered method has one).
+    :ivar bounded_memory: whether fitting's memory grows with the batch and not with the data set
+        (``False`` states where a method cannot bound it, and why: ``unbounded_because``).
+    """
+
+    key: str
+    label: str
+    family: str
+    run: Callable
+    support: Support = field(default_factory=Support)
+    budgets: dict = field(default_factory=dict)
+    quick: dict = field(default_factory=dict)
+    seeded: str = "seed"
+    bounded_memory: bool = True
+    unbounded_because: str = ""
+
+    def smallest_options(self) -> dict:
+        """The conformance suite's options: ``quick`` with every budget at its smallest value."""
+        return {**self.quick, **self.budgets}
+
+
+#: the registered methods, by key, in registration order
+METHODS: dict = {}
+
+
+def register(method: MethodSpec) -> MethodSpec:
+    """Add ``method`` to the registry (a key registered twice is refused)."""
+    if method.key in METHODS:
+        raise ValueError(f"a method with key {method.key!r} is registered already")
+    METHODS[method.key] = method
+    return method
+
+
+def spec(key: str) -> MethodSpec:
+    """The registered method ``key``."""
+    try:
+        return METHODS[key]
+    except KeyError:
+        raise KeyError(f"no method {key!r} is registered; registered: {sorted(METHODS)}") from None
+
+
+def likelihood_kind(likelihood) -> str:
+    """The :data:`LIKELIHOODS` kind of ``likelihood``."""
+    from pyrobnn.likelihoods import BernoulliLikelihood, CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
+
+    if isinstance(likelihood, HeteroscedasticGaussianLikelihood):
+        return "heteroscedastic"
+    if isinstance(likelihood, GaussianLikelihood):
+        return {"fixed": "gaussian", "prior": "gaussian_prior", "learned": "gaussian_learned"}[likelihood.noise_kind]
+    if isinstance(likelihood, CategoricalLikelihood):
+        return "categorical"
+    if isinstance(likelihood, BernoulliLikelihood):
+        return "bernoulli"
+    return "custom"
+
+
+def prior_kind(model) -> tuple:
+    """``(kind, site)``: ``"normal"`` or ``"log_uniform"`` if every random site of ``model`` has
+    that prior (``site``: the first, or ``None`` for Normal priors), else ``"other"`` with the
+    first site whose prior differs from the first site's kind."""
+    from pyrobnn.priors import LogUniformPrior, NormalPrior
+
+    kinds = [("normal" if isinstance(p, NormalPrior) else "log_uniform" if isinstance(p, LogUniformPrior) else "other", s)
+             for s, p in ((s, model.site_prior(s)) for s in model.sites)]
+    if not kinds:
+        return "normal", None
+    first = kinds[0][0]
+    for kind, site in kinds:
+        if kind != first or kind == "other":
+            return "other", site
+    return first, None if first == "normal" else kinds[0][1]
+
+
+def supports(key: str, model) -> bool:
+    """Whether the registered method ``key`` is defined for ``model``."""
+    support = spec(key).support
+    return likelihood_kind(model.likelihood) in support.likelihoods and prior_kind(model)[0] in support.priors
+
+
+def _alternatives(kind_of, kind) -> list:
+    return [k for k, m in METHODS.items() if kind in kind_of(m.support)]
+
+
+def refuse_unsupported(key: str, model, what: Optional[str] = None) -> None:
+    """Raise :class:`UnsupportedModelError` if the registered method ``key`` is not defined for
+    ``model``, naming the method (``what``, default its key), what it lacks, why, and the
+    registered methods that take the model's kind."""
+    method = spec(key)
+    name = what or key
+    support = method.support
+    kind = likelihood_kind(model.likelihood)
+    if kind not in support.likelihoods:
+        others = _alternatives(lambda s: s.likelihoods, kind)
+        why = support.reasons.get(kind)
+        raise UnsupportedModelError(
+            f"{name} does not support {LIKELIHOODS[kind]}" + (f" ({why})" if why else "")
+            + f". It takes {', '.join(LIKELIHOODS[k] for k in support.likelihoods)}. Methods that take this likelihood: "
+            + (", ".join(others) if others else "none")
+        )
+    prior, site = prior_kind(model)
+    if prior not in support.priors:
+        others = _alternatives(lambda s: s.priors, prior)
+        why = support.reasons.get(prior, support.reasons.get("prior"))
+        needs = " or ".join(PRIORS[k] for k in support.priors)
+        has = f"site {site.name!r} has a {type(model.site_prior(site)).__name__}"
+        raise UnsupportedModelError(
+            f"{name} needs {needs}; {has}" + (f" ({why})" if why else "")
+            + f". Methods that take this prior: {', '.join(others) if others else 'none'}"
+        )
+
+
+def check_budget(key: str, name: str, value) -> None:
+    """Refuse ``value`` for the budget argument ``name`` of method ``key`` unless it is an
+    integer at least the declared smallest value."""
+    least = spec(key).budgets[name]
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{key}: {name} must be an integer >= {least}, got {value!r}")
+
+
+def support_table() -> list:
+    """One row per registered method: ``{"method", "label", "family", kind: bool...}`` over the
+    likelihood and prior kinds, for the documentation's support table."""
+    rows = []
+    for key, m in METHODS.items():
+        row = {"method": key, "label": m.label, "family": m.family}
+        row.update({f"likelihood:{k}": k in m.support.likelihoods for k in LIKELIHOODS})
+        row.update({f"prior:{k}": k in m.support.priors for k in PRIORS})
+        row["budgets"] = dict(m.budgets)
+        rows.append(row)
+    return rows

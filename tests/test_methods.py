@@ -1,0 +1,130 @@
+"""The method registry: the declarations the refusals, the support table and the budgets read,
+and the result protocol every method's result answers."""
+
+import inspect
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import pyrobnn
+from pyrobnn import methods
+from pyrobnn.infer.result import Result
+from pyrobnn.testing import build_case
+
+
+def test_a_refusal_names_the_method_what_it_lacks_and_the_methods_that_take_the_case():
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 2, hidden=(4,)), pyrobnn.HeteroscedasticGaussianLikelihood())
+    with pytest.raises(methods.UnsupportedModelError) as e:
+        pyrobnn.laplace(model, torch.randn(10, 2), torch.randn(10, 1))
+    text = str(e.value)
+    assert text.startswith("laplace does not support HeteroscedasticGaussianLikelihood (laplace-torch has no heteroscedastic likelihood)")
+    takers = [k for k, m in methods.METHODS.items() if "heteroscedastic" in m.support.likelihoods]
+    assert "nuts" in takers and "laplace" not in takers
+    assert text.endswith("Methods that take this likelihood: " + ", ".join(takers))
+
+
+def test_a_prior_refusal_reads_the_same_declaration():
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(0.1), pyrobnn.ScaleMixturePrior(0.5, 1.0, 0.1))
+    for call in (lambda: pyrobnn.ivon(model, torch.randn(8, 2), torch.randn(8)), lambda: pyrobnn.MCDropout(model)):
+        with pytest.raises(methods.UnsupportedModelError, match="needs NormalPrior on every random site; site '0.weight' has a ScaleMixturePrior"):
+            call()
+
+
+def test_the_learned_noise_scale_is_refused_by_every_method_that_moves_latent_sites_only():
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,)), pyrobnn.GaussianLikelihood("learned"))
+    latent_only = [k for k, m in methods.METHODS.items() if "gaussian_learned" not in m.support.likelihoods]
+    assert set(latent_only) == {"ivon", "nuts", "mclmc", "pyro_nuts", "ensemble_sampling", "deep_ensemble", "laplace", "swag", "sgld", "sghmc", "smile"}
+    x, y = torch.randn(8, 2), torch.randn(8)
+    for key in latent_only:
+        with pytest.raises(methods.UnsupportedModelError, match="does not support GaussianLikelihood.*learned.*fixed noise scale or a prior"):
+            methods.spec(key).run(model, x, y)
+
+
+def test_the_support_table_is_the_declarations():
+    rows = {r["method"]: r for r in methods.support_table()}
+    assert list(rows) == list(methods.METHODS)
+    for key, row in rows.items():
+        spec = methods.spec(key)
+        for kind in methods.LIKELIHOODS:
+            assert row[f"likelihood:{kind}"] == (kind in spec.support.likelihoods)
+        for kind in methods.PRIORS:
+            assert row[f"prior:{kind}"] == (kind in spec.support.priors)
+
+
+def test_kinds_are_read_from_the_model():
+    lik = pyrobnn.GaussianLikelihood
+    assert methods.likelihood_kind(lik(0.1)) == "gaussian"
+    assert methods.likelihood_kind(lik(dist.LogNormal(0.0, 1.0))) == "gaussian_prior"
+    assert methods.likelihood_kind(lik("learned")) == "gaussian_learned"
+    net = pyrobnn.MLP(2, 1, hidden=(4,))
+    mixed = pyrobnn.BayesianModel(net, lik(0.1), {"0.*": pyrobnn.NormalPrior(1.0), "*": pyrobnn.LogUniformPrior()})
+    kind, site = methods.prior_kind(mixed)
+    assert kind == "other" and site.name == "2.weight"
+    assert methods.prior_kind(pyrobnn.BayesianModel(net, lik(0.1), pyrobnn.LogUniformPrior()))[0] == "log_uniform"
+    assert methods.prior_kind(pyrobnn.BayesianModel(net, lik(0.1), pyrobnn.NormalPrior(1.0))) == ("normal", None)
+
+
+def test_every_registered_method_takes_model_x_y_and_keywords():
+    for key, spec in methods.METHODS.items():
+        params = list(inspect.signature(spec.run).parameters.values())
+        assert [p.name for p in params[:3]] == ["model", "x", "y"], key
+        assert spec.seeded in inspect.signature(spec.run).parameters or any(p.kind == p.VAR_KEYWORD for p in params), key
+
+
+def test_fit_returns_a_result_with_its_history():
+    model, x, y, x_test, _ = build_case("targets_1d")
+    vi = pyrobnn.fit(model, pyrobnn.MeanFieldNormal(model), x, y, epochs=4, progress=False, seed=0)
+    assert isinstance(vi, Result) and isinstance(vi.history, pyrobnn.infer.History) and len(vi.history) == 4
+    assert vi.stats["elbo_nll"].tolist() == vi.history.nll and vi.settings["batch_size"] == x.shape[0]
+    assert vi.predict(x_test).mean.shape == (x_test.shape[0], 1)
+
+
+@pytest.mark.parametrize("guide_class,options", [
+    (pyrobnn.MeanFieldNormal, {"init_scale": 0.05}),
+    (pyrobnn.VariationalDropout, {"alpha": "weight", "log_alpha_range": (-6.0, 1.0)}),
+    (pyrobnn.MCDropout, {"p": {"0.weight": 0.2, "*": 0.4}}),
+    (pyrobnn.ConcreteDropout, {"init_p": 0.3, "temperature": 0.2}),
+])
+def test_a_saved_guide_loads_with_the_model_alone(guide_class, options, tmp_path):
+    model, x, y, x_test, _ = build_case("targets_1d")
+    vi = pyrobnn.fit(model, guide_class(model, **options), x, y, epochs=3, progress=False, seed=0)
+    vi.num_draws = 7
+    vi.save(tmp_path / "vi.pt")
+    loaded = pyrobnn.load_posterior(tmp_path / "vi.pt", model)
+    assert type(loaded.guide) is guide_class and loaded.guide.config() == vi.guide.config()
+    assert loaded.num_draws == 7 and loaded.history.nll == vi.history.nll
+    a, b = vi.predict(x_test, seed=5), loaded.predict(x_test, seed=5)
+    assert a.num_samples == 7 and torch.equal(a.loc_samples, b.loc_samples)
+
+
+def test_a_guide_pyrobnn_cannot_rebuild_asks_for_it(tmp_path):
+    model, x, y, _, _ = build_case("targets_1d")
+    vi = pyrobnn.fit(model, pyro.infer.autoguide.AutoNormal(model), x, y, epochs=2, progress=False)
+    vi.save(tmp_path / "auto.pt")
+    with pytest.raises(ValueError, match="holds a trained AutoNormal that pyrobnn cannot rebuild by itself.*guide=guide"):
+        pyrobnn.load_posterior(tmp_path / "auto.pt", model)
+
+
+def test_the_verbs_have_one_signature():
+    from pyrobnn.infer.posterior import Posterior
+    from pyrobnn.infer.variational import VariationalPosterior
+
+    for cls in (Posterior, VariationalPosterior, pyrobnn.infer.modes.LaplacePosterior):
+        params = inspect.signature(cls.predict).parameters
+        assert list(params)[:3] == ["self", "x", "num_samples"] and params["num_samples"].default is None, cls
+        for name in ("seed", "batch_size"):
+            assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and params[name].default is None, (cls, name)
+        assert list(inspect.signature(cls.to_arviz).parameters)[:3] == ["self", "x", "y"], cls
+        assert list(inspect.signature(cls.load).parameters)[:2] == ["path", "model"], cls
+
+
+def test_predict_dispatches_on_the_protocol():
+    model, x, y, x_test, _ = build_case("targets_1d")
+    la = pyrobnn.laplace(model, x, y, num_samples=5, map_options={"max_epochs": 3, "progress": False})
+    # pyrobnn.predict on a result is the result's own predictive (Laplace's: linearized)
+    assert torch.equal(pyrobnn.predict(model, la, x_test).loc_samples, la.predict(x_test).loc_samples)
+    other = build_case("targets_1d")[0]
+    with pytest.raises(ValueError, match="belongs to another model object"):
+        pyrobnn.predict(other, la, x_test)
