@@ -35,6 +35,7 @@ extensions = [
     "sphinx_copybutton",
     "myst_nb",
     "results_tables",
+    "method_tables",
     "public_names",
 ]
 
