@@ -266,6 +266,17 @@ def _same_prediction(a, b) -> bool:
     return torch.equal(a.sample_probs, b.sample_probs)
 
 
+def _same_plain(a, b) -> bool:
+    """Equal settings: the same keys, lists and values, tensors equal element for element."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_plain(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_plain(u, v) for u, v in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
 def _state(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -291,8 +302,9 @@ def check_refusal(key: str, case: str) -> None:
 def check_method(key: str, case: str, verbs: bool = True) -> None:
     """The contract on one case: refused by declaration (:func:`check_refusal`), or run, with a
     :class:`~pyrobnn.infer.result.Result` of the method's family, a finite ``predict`` of the
-    likelihood's shape, and with ``verbs`` a ``to_arviz`` holding the draws and outputs, a ``save``
-    then ``load(path, model)`` with identical predictions, and a ``summary`` that names the method."""
+    likelihood's shape, and with ``verbs`` a ``to_arviz`` holding every draw and the outputs, a
+    ``save`` to one file of plain tensors (it loads with ``weights_only=True``) then
+    ``load(path, model)`` with identical predictions, and a ``summary`` that names the method."""
     spec = methods.spec(key)
     model, x, y, x_test, y_test = build_case(case, key)
     if not methods.supports(key, model):
@@ -311,15 +323,27 @@ def check_method(key: str, case: str, verbs: bool = True) -> None:
     idata = result.to_arviz(x_test, y_test, seed=0)
     if "f" not in idata.posterior or "log_likelihood" not in idata.groups():
         _fail(key, case, "to_arviz lacks the network's output 'f' or the log-likelihood")
+    draws = result.as_draws()
+    if (idata.posterior.sizes["chain"], idata.posterior.sizes["draw"]) != (draws.num_chains, draws.num_draws):
+        _fail(key, case, f"to_arviz holds {idata.posterior.sizes['chain']} chain(s) x {idata.posterior.sizes['draw']} draw(s), "
+                         f"the result {draws.num_chains} x {draws.num_draws}")
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "result.pt")
         result.save(path)
+        if os.listdir(folder) != ["result.pt"]:
+            _fail(key, case, f"save left other files beside its file: {sorted(os.listdir(folder))}")
+        try:
+            torch.load(path, weights_only=True)
+        except Exception as e:  # a file that needs code run to load it is a defect
+            _fail(key, case, f"the saved file does not load with weights_only=True: {e}")
         loaded = load_posterior(path, model)
         if type(loaded) is not type(result):
             _fail(key, case, f"load gave a {type(loaded).__name__}, saved a {type(result).__name__}")
         again, restored = result.predict(x_test, seed=1), loaded.predict(x_test, seed=1)
         if not _same_prediction(again, restored):
             _fail(key, case, "the loaded result predicts differently from the saved one")
+        if not _same_plain(loaded.settings, result.settings):
+            _fail(key, case, f"the loaded result's settings {loaded.settings} differ from the saved {result.settings}")
     text = result.summary()
     if not isinstance(text, str) or result.method not in text:
         _fail(key, case, f"summary() does not name the result ({result.method!r})")

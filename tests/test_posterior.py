@@ -28,7 +28,7 @@ def _data(n=24):
 def _fit(name, model, x, y):
     quiet = dict(progress=False)
     if name == "nuts":
-        return pyrobnn.nuts(model, x, y, num_samples=10, num_warmup=10, num_chains=2, backend="eager", **quiet)
+        return pyrobnn.nuts(model, x, y, num_samples=10, num_warmup=10, num_chains=2, backend="native", **quiet)
     if name == "mclmc":
         return pyrobnn.mclmc(model, x, y, num_samples=40, num_warmup=(20, 5, 5), num_chains=2, thinning=4, backend="eager", **quiet)
     ensemble = pyrobnn.deep_ensemble(model, x, y, num_members=2, max_epochs=5, batch_size=8, **quiet)
@@ -51,49 +51,32 @@ def _fit(name, model, x, y):
     raise ValueError(name)
 
 
-METHODS = ["nuts", "mclmc", "ensemble", "ensemble_mclmc", "laplace", "swag", "sgld", "sghmc", "smile", "variational", "ivon"]
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_every_method_saves_loads_and_predicts_identically(name, tmp_path):
+# The verbs every method answers on every case (predict, to_arviz, save/load, summary) are the
+# conformance suite's (pyrobnn.testing, tests/test_conformance.py); here, what a summary and a
+# reloaded result hold beyond them.
+@pytest.mark.parametrize("name", ["nuts", "laplace", "smile", "ivon"])
+def test_a_reloaded_result_holds_the_saved_draws_and_its_summary_the_methods_figures(name, tmp_path):
     x, y = _data()
-    model = _model(noise=None if name in ("nuts", "mclmc", "sgld") else 0.1)
+    model = _model(noise=None if name == "nuts" else 0.1)
     posterior = _fit(name, model, x, y)
-    x_test = torch.linspace(-1.5, 1.5, 7).unsqueeze(-1)
-    before = posterior.predict(x_test, seed=3)
     path = tmp_path / "posterior.pt"
     posterior.save(path)
-    torch.load(path, weights_only=True)  # plain tensors and containers only
-    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp")]
-    fresh = _model(noise=None if name in ("nuts", "mclmc", "sgld") else 0.1)
-    if name in ("variational", "ivon"):
-        loaded = pyrobnn.load_posterior(path, fresh, guide=pyrobnn.MeanFieldNormal(fresh))
+    fresh = _model(noise=None if name == "nuts" else 0.1)
+    loaded = pyrobnn.load_posterior(path, fresh)
+    assert type(loaded) is type(posterior) and loaded.method == posterior.method and loaded.family == posterior.family
+    assert loaded.settings.keys() == posterior.settings.keys()
+    assert repr(loaded.settings) == repr(posterior.settings)  # plain values, tensors included
+    if name == "ivon":
+        assert loaded.guide.config() == posterior.guide.config()
+        for (k, v), (k2, v2) in zip(posterior.guide.state_dict().items(), loaded.guide.state_dict().items()):
+            assert k == k2 and torch.equal(v, v2)
     else:
-        loaded = pyrobnn.load_posterior(path, fresh)
-        assert type(loaded) is type(posterior)
         for k, v in posterior.samples.items():
             torch.testing.assert_close(loaded.samples[k], v, rtol=0, atol=0)
-        assert loaded.method == posterior.method and loaded.family == posterior.family
-    after = loaded.predict(x_test, seed=3)
-    torch.testing.assert_close(after.mean, before.mean, rtol=0, atol=0)
-    torch.testing.assert_close(after.std, before.std, rtol=0, atol=0)
-    assert loaded.summary().splitlines()[0] == posterior.summary().splitlines()[0]
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_every_method_converts_to_arviz_and_summarizes_itself(name):
-    x, y = _data()
-    model = _model()
-    posterior = _fit(name, model, x, y)
-    idata = posterior.to_arviz(x, y)
-    site = model.sites[0].name.replace(".", "_")
-    chains, draws = (1, posterior.num_draws) if name in ("variational", "ivon") else (posterior.num_chains, posterior.num_draws)
-    assert idata.posterior[site].shape[:2] == (chains, draws)
-    assert idata.log_likelihood["obs"].shape == (chains, draws, x.shape[0])
     text = posterior.summary()
     assert posterior.method in text and type(model.net).__name__ in text
-    if name in ("nuts", "mclmc", "ensemble_mclmc", "sgld", "sghmc", "smile"):
-        assert f"{chains} chain(s) x {draws} draw(s)" in text
+    if name in ("nuts", "smile"):
+        assert f"{posterior.num_chains} chain(s) x {posterior.num_draws} draw(s)" in text
     if name == "nuts":
         assert "divergent transitions" in text
     if name == "laplace":

@@ -3,7 +3,7 @@ every method shares (the protocol :class:`~pyrobnn.infer.result.Result`).
 
 A :class:`Posterior` holds draws ``{site: (chains, draws, *shape)}`` of a
 :class:`~pyrobnn.models.BayesianModel`'s latent sites (its random weights and any latent noise
-scale), the statistics the method recorded (a fixed schema, :data:`STATS`), the wall time and
+scale), the statistics the method recorded (a fixed schema, :data:`~pyrobnn.infer.result.STATS`), the wall time and
 how it was made. NUTS, MCLMC, SGLD and SGHMC fill it with Markov chains; a deep ensemble with one
 draw per member (:class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior`); Laplace and SWAG
 with draws from their Gaussians (:class:`~pyrobnn.infer.modes.laplace.LaplacePosterior`,
@@ -75,8 +75,9 @@ _KINDS: dict = {}
 @dataclass
 class Posterior(Result):
     """Draws of every latent site, ``{name: (chains, draws, *shape)}``, with the method's
-    statistics (:data:`STATS`), its wall time in seconds, a label, its family (:data:`FAMILIES`),
-    the settings it was made with, and the model it belongs to."""
+    statistics (:data:`~pyrobnn.infer.result.STATS`), its wall time in seconds, a label, its family
+    (:data:`~pyrobnn.infer.result.FAMILIES`), the settings it was made with, and the model it
+    belongs to."""
 
     samples: dict
     stats: dict = field(default_factory=dict)
@@ -99,6 +100,7 @@ class Posterior(Result):
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {self.family!r}")
         check_stats(self.stats, self.num_chains, self.num_draws)
+        self.settings = plain(dict(self.settings))  # as save writes them, so a reloaded result has the same
 
     # -- shape -------------------------------------------------------------------------------
     @property
@@ -288,7 +290,8 @@ def describe_settings(settings: dict) -> str:
 
 def plain(value):
     """``value`` with anything that is not a tensor, number, string or container of them
-    replaced by a short description (the settings may hold an ensemble given as ``init``)."""
+    replaced by a short description (the settings may hold an ensemble given as ``init``), tuples
+    as lists: the settings as a result keeps and saves them."""
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, torch.Tensor):

@@ -22,7 +22,8 @@ verbs with the same signatures:
   ArviZ conversion, diagnostics and ``compare`` read;
 
 and carry ``family`` (a :data:`FAMILIES` key), ``method`` (a label), ``settings`` (how it was
-made), ``stats`` (what the method recorded, in the :data:`STATS` schema), ``seconds`` and
+made: plain numbers, strings, tensors and lists or dicts of them, an object given as an argument
+recorded by its description, so a reloaded result has the same settings), ``stats`` (what the method recorded, in the :data:`STATS` schema), ``seconds`` and
 ``model``. Consumers (:func:`pyrobnn.predict`, :mod:`pyrobnn.diagnostics`,
 :mod:`pyrobnn.compare`) dispatch on ``isinstance(result, Result)``, never on attribute checks.
 """
@@ -103,6 +104,10 @@ class Result(abc.ABC):
     settings: dict
     stats: dict
     seconds: float
+    model: object
+    #: the ``method=`` values its ``predict`` takes: ``"sample"`` (the mixture over weight draws)
+    #: for every result; a guide's also ``"mean"`` (every weight at its posterior mean)
+    predict_methods: tuple = ("sample",)
 
     @abc.abstractmethod
     def predict(self, x, num_samples=None, *, seed=None, batch_size=None, **options):

@@ -39,6 +39,7 @@ class VariationalPosterior(Result):
     """
 
     family = "variational"
+    predict_methods = ("sample", "mean")
 
     def __init__(self, model, guide, history: History | None = None, *, seconds: float | None = None, settings: dict | None = None,
                  trainer: str = "SVI", num_draws: int = 100):
@@ -51,7 +52,7 @@ class VariationalPosterior(Result):
         if seconds is None:
             seconds = float(history.seconds[-1]) if history is not None and history.seconds else 0.0
         self.seconds = float(seconds)
-        self.settings = dict(settings or {})
+        self.settings = plain(dict(settings or {}))  # as save writes them
         self.trainer = str(trainer)
         self.num_draws = int(num_draws)
         self.method = f"{self.trainer} ({type(guide).__name__})"
