@@ -10,7 +10,6 @@ inputs.
 
 from __future__ import annotations
 
-import inspect
 import numbers
 from typing import Optional
 
@@ -231,7 +230,7 @@ def predict(model, posterior, x, num_samples: Optional[int] = None, *, method: s
     """
     options = dict(batch_size=batch_size, sample_batch_size=sample_batch_size)
     if isinstance(posterior, Result):
-        owner = getattr(posterior, "model", None)
+        owner = posterior.model
         if owner is not None and owner is not model:
             raise ValueError("this result belongs to another model object: call result.predict(x), or pass the result's model")
         if owner is None:  # draws made without a model: they are values of this model's sites
@@ -239,7 +238,7 @@ def predict(model, posterior, x, num_samples: Optional[int] = None, *, method: s
                 raise ValueError("method='mean' needs a guide; with posterior samples use method='sample'")
             return predict_draws(model, posterior.as_draws().flat_samples(), x, num_samples, **options)
         if method != "sample":
-            if "method" not in inspect.signature(posterior.predict).parameters:
+            if method not in posterior.predict_methods:
                 raise ValueError(f"method={method!r} needs a guide; a {type(posterior).__name__} predicts from its draws (method='sample')")
             options["method"] = method
         return posterior.predict(x, num_samples, seed=seed, **options)

@@ -92,6 +92,12 @@ def test_naive_prediction_uses_the_posterior_mean_weights():
     assert torch.allclose(pred.mean, net(x))
     # the deterministic net copies the means; the original keeps its own weights
     assert torch.equal(dict(net.named_parameters())["0.weight"], guide.loc[site_key("0.weight")].detach())
+    # the same through the guide's result; a result of draws has no posterior mean to predict at
+    vi = pyrobnn.VariationalPosterior(model, guide)
+    assert torch.equal(pyrobnn.predict(model, vi, x, method="mean").mean, pred.mean)
+    draws = vi.as_draws(5, seed=0)
+    with pytest.raises(ValueError, match="method='mean' needs a guide; a Posterior predicts from its draws"):
+        pyrobnn.predict(model, draws, x, method="mean")
 
 
 def test_chunked_prediction_matches_one_pass_in_distribution():
