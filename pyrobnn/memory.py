@@ -15,6 +15,11 @@ the machine has free, whichever is smaller; :func:`set_budget` or the environmen
 ``PYROBNN_MEMORY_BUDGET`` changes it). Peak memory then grows with the chunk, not with the data
 set or the number of test points, on a user's CNN as on an MLP.
 
+The chunks decide the order in which a full-data sum (a potential, its gradient) adds its parts,
+so draws repeat bit for bit where the budget is the same: with 4 GiB or more free it is the fixed
+:data:`DEFAULT_BUDGET` on every machine; set ``PYROBNN_MEMORY_BUDGET`` to fix it where less is
+free (a network small enough to take the data in one chunk is not affected).
+
 A chunk the user asks for explicitly (``batch_size``, ``sample_batch_size``) that would need
 more memory than the machine has free is refused before it runs, naming those arguments
 (:func:`check_fits`), instead of being killed by the operating system.

@@ -39,6 +39,7 @@ from pyrobnn.infer.mcmc import native as native_kernels
 
 __all__ = ["ExecutionPath", "choose_path", "resolve_backend", "BACKENDS", "COMPILE_FROM_EVALUATIONS", "LARGE_MACS", "LOCKSTEP_CHAINS"]
 
+#: the values ``backend=`` takes (the module docstring says what each runs)
 BACKENDS = ("auto", "native", "compile", "eager")
 #: gradient evaluations per chain from which a model outside the native kernels is compiled:
 #: ``torch.compile`` costs 10-16 s once, and saves 20-40x per evaluation of a small network
