@@ -45,6 +45,7 @@ def test_classification_example(tmp_path):
     assert (tmp_path / "c.png").exists()
 
 
+@pytest.mark.slow  # about 35 s: every method on the toy data (the UCI split and the example run compare in the default run)
 def test_compare_quick_on_the_toy_data(tmp_path):
     stdout = run([sys.executable, "-m", "pyrobnn.cli", "compare", "--quick", "--out", "cmp", "--quiet"], tmp_path)
     out = tmp_path / "cmp"
@@ -77,6 +78,7 @@ def test_compare_quick_on_a_uci_split(tmp_path, shared_data_dir):
     assert "Published" in open(tmp_path / "cmp" / "results.md").read()
 
 
+@pytest.mark.slow  # about 20-30 s: NUTS and VI on the toy data (the CLI's compare on a UCI split stays in the default run)
 def test_compare_example(tmp_path):
     stdout = run([sys.executable, os.path.join(ROOT, "examples", "compare_hmc_vi.py"), "--quick", "--out", "c.png"], tmp_path)
     assert "NUTS convergence" in stdout and (tmp_path / "c.png").exists()
@@ -117,3 +119,18 @@ def test_mnist_uncertainty_benchmark_quick(tmp_path, shared_data_dir):
     assert len(errors) == 12 and all(v < 50 for v in errors.values()), errors
     assert summary["MAP + temperature scaling/nll"] <= summary["MAP/nll"] + 1e-6
     assert (tmp_path / "mnist" / "reliability.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_user_networks_benchmark_quick(tmp_path, shared_data_dir):
+    """The users'-networks benchmark in its tiny setting, on one CNN and two methods: every
+    rate and peak is a positive finite figure, and the JSON names the path each method ran."""
+    run([sys.executable, os.path.join(ROOT, "benchmarks", "user_networks.py"), "--quick", "--networks", "cnn_batchnorm",
+         "--methods", "mclmc,ivon", "--data-dir", shared_data_dir, "--out", "u.json"], tmp_path)
+    figures = json.load(open(tmp_path / "u.json"))["cnn_batchnorm"]
+    for method in ("mclmc", "ivon"):
+        row = figures["methods"][method]
+        for name in ("ratio_to_torch_func", "predict_ratio_to_inference", "peak_rss_mib", "cold_seconds"):
+            assert 0 < row[name] < float("inf"), (method, name, row[name])
+    assert figures["methods"]["mclmc"]["path"] in ("native", "torch.compile", "eager")
+    assert figures["auto_step"]["seconds"] > 0

@@ -15,6 +15,7 @@ def _yacht(shared_data_dir):
     return shared_data_dir
 
 
+@pytest.mark.slow  # about 45-55 s: five comparisons of a UCI split (the saved-split reuse is also in the default run, below)
 def test_an_interrupted_uci_comparison_resumes_from_its_saved_splits(tmp_path, shared_data_dir, monkeypatch):
     data_dir = _yacht(shared_data_dir)
     out = str(tmp_path / "cmp")

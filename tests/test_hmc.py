@@ -35,7 +35,8 @@ def check_exact_posterior(samples, mean, cov):
     assert torch.all((sample_cov - cov).abs() < 5 * se), ((sample_cov - cov) / se)
 
 
-@pytest.mark.parametrize("path", ["eager", "native", "torch.compile"])
+# the eager path, 20-30 s, is the slow one: .ci/run's -m slow runs it
+@pytest.mark.parametrize("path", [pytest.param("eager", marks=pytest.mark.slow), "native", "torch.compile"])
 def test_fast_nuts_reaches_the_exact_conjugate_posterior(path):
     X, y, mean, precision = conjugate_problem()
     model = bayesian_linear_model()

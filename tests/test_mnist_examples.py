@@ -53,6 +53,7 @@ def test_bbb_quick_and_snr_pruning(mnist_data, tmp_path):
     assert r["pruning"]["0.5"] < r["error"] + 3.0
 
 
+@pytest.mark.slow  # about 20 s on the loaded machine; the dropout guides' own tests are in the default run
 def test_dropout_family_quick(mnist_data, tmp_path):
     r = run_example("mnist_dropout_1000.py", [], mnist_data, tmp_path)
     for name, row in r["methods"].items():
@@ -63,6 +64,7 @@ def test_dropout_family_quick(mnist_data, tmp_path):
     assert all(0.0 < v < 1.0 for v in p.values())
 
 
+@pytest.mark.slow  # about 30 s on the loaded machine; the VAE's unit tests are in test_vae.py
 def test_vae_quick_beats_independent_pixels(mnist_data, tmp_path):
     r = run_example("mnist_vae.py", ["--out", "vae"], mnist_data, tmp_path)
     # independent pixels at their training frequencies give about -206 nats
