@@ -16,33 +16,7 @@ import pathlib
 
 from docutils import nodes
 from docutils.parsers.rst import Directive
-
-
-def _table(header, rows, widths, classes):
-    table = nodes.table(classes=classes)
-    group = nodes.tgroup(cols=len(header))
-    table += group
-    for width in widths:
-        group += nodes.colspec(colwidth=width)
-
-    def make_row(cells):
-        row = nodes.row()
-        for text in cells:
-            entry = nodes.entry()
-            para = nodes.paragraph()
-            para += nodes.Text(text)
-            entry += para
-            row += entry
-        return row
-
-    thead = nodes.thead()
-    thead += make_row(header)
-    group += thead
-    body = nodes.tbody()
-    for cells in rows:
-        body += make_row(cells)
-    group += body
-    return table
+from table_nodes import table_node
 
 
 class SupportTable(Directive):
@@ -70,7 +44,7 @@ class SupportTable(Directive):
                 definition += nodes.paragraph(text=f"{what}: {text}")
                 item += definition
                 legend += item
-        return [_table(header, rows, widths, ["support-table"]), legend]
+        return [table_node(header, rows, widths, ["support-table"]), legend]
 
 
 class ConformanceTable(Directive):
@@ -100,7 +74,7 @@ class ConformanceTable(Directive):
             definition += nodes.paragraph(text=text)
             item += definition
             legend += item
-        return [_table(["method"] + cases, rows, [16] + [8] * len(cases), ["conformance-table"]), legend]
+        return [table_node(["method"] + cases, rows, [16] + [8] * len(cases), ["conformance-table"]), legend]
 
 
 def setup(app):

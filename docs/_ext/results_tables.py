@@ -19,9 +19,9 @@ import math
 import pathlib
 import re
 
-from docutils import nodes
 from docutils.parsers.rst import Directive, directives
 from sphinx.util import logging
+from table_nodes import table_node
 
 logger = logging.getLogger(__name__)
 
@@ -68,33 +68,9 @@ class ResultsTable(Directive):
         if not rows:
             raise self.error(f"results-table: no entry of {path.name} matches name={name_re.pattern!r} command={command_re.pattern!r}")
 
-        table = nodes.table(classes=["results-table"])
-        if "caption" in self.options:
-            table += nodes.title(text=self.options["caption"])
-        group = nodes.tgroup(cols=5)
-        table += group
-        for width in (30, 22, 14, 10, 40):
-            group += nodes.colspec(colwidth=width)
         header = ("experiment", "metric", "pyrobnn", "published", "command")
-
-        def make_row(cells, literal_last=False):
-            row = nodes.row()
-            for i, text in enumerate(cells):
-                entry = nodes.entry()
-                para = nodes.paragraph()
-                para += nodes.literal(text=text) if (literal_last and i == len(cells) - 1) else nodes.Text(text)
-                entry += para
-                row += entry
-            return row
-
-        thead = nodes.thead()
-        thead += make_row(header)
-        group += thead
-        tbody = nodes.tbody()
-        for e in rows:
-            cells = (e["name"], e["metric"], _number(e["value"]) + _spread(e), _number(e.get("published")), e["command"])
-            tbody += make_row(cells, literal_last=True)
-        group += tbody
+        cells = [(e["name"], e["metric"], _number(e["value"]) + _spread(e), _number(e.get("published")), e["command"]) for e in rows]
+        table = table_node(header, cells, (30, 22, 14, 10, 40), ["results-table"], self.options.get("caption"), literal_last=True)
         return [table]
 
 
