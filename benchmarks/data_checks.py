@@ -22,7 +22,7 @@ import torch
 
 import pyrobnn
 from pyrobnn.infer import SVITrainer
-from pyrobnn.validation import FiniteOnce
+from pyrobnn.utils.validation import FiniteOnce
 
 SETTINGS = {
     "mlp_1_50_1_batch_32": (lambda: pyrobnn.MLP(1, 1, hidden=(50,), activation="tanh"), pyrobnn.GaussianLikelihood(scale=0.1), 1, 32),

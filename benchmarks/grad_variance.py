@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 import pyro
 import torch
-from torch import nn
 
 import pyrobnn
 from pyrobnn.data import mnist
-from pyrobnn.estimators import Estimator, LocalReparameterization, PerExampleWeights, layer_forward
+from pyrobnn.models.estimators import Estimator, LocalReparameterization, PerExampleWeights, layer_forward
 from pyrobnn.infer import SplitELBO
 
 PUBLISHED = {  # Table 1 of Kingma et al. 2015: top 10 ep, top 100 ep, bottom 10 ep, bottom 100 ep
@@ -118,8 +116,7 @@ def main(argv=None):
         print(json.dumps({"epoch": target, "variances": rows[target]}), flush=True)  # kept if a later epoch is cut off
 
     first, last = epochs[0], epochs[-1]
-    local = rows[first]["local reparameterization"], rows[last]["local reparameterization"]
-    print(f"\nvariance of minibatch gradients w.r.t. theta (ours; ratio to local reparameterization; paper's ratio)")
+    print("\nvariance of minibatch gradients w.r.t. theta (ours; ratio to local reparameterization; paper's ratio)")
     print(f"{'estimator':40s} | top {first} ep | top {last} ep | bottom {first} ep | bottom {last} ep")
     table = {}
     for name in estimators():

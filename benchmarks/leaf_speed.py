@@ -63,7 +63,7 @@ def torch_rows(quick):
     import pyro
 
     from pyrobnn.infer.mcmc import native
-    from pyrobnn.infer.potential import FlatPotential
+    from pyrobnn.infer.core.potential import FlatPotential
 
     rows = []
     for label, model, x, y, _ in problems():
@@ -118,7 +118,7 @@ def jax_worker(spec_path):
 def jax_rows(quick, threads):
     import tempfile
 
-    from pyrobnn.infer.potential import FlatPotential
+    from pyrobnn.infer.core.potential import FlatPotential
 
     specs = []
     for label, model, x, y, activation in problems():

@@ -35,7 +35,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pyrobnn
-from pyrobnn.infer.lightning.modules import EndProcessGroup, SVIModule
+from pyrobnn.integrations.lightning import EndProcessGroup, SVIModule
 
 
 def lenet():

@@ -34,15 +34,15 @@ import matplotlib.pyplot as plt
 import torch
 
 import pyrobnn
-from pyrobnn.calibration import TemperatureScaling
+from pyrobnn.evaluation.calibration import TemperatureScaling
 from pyrobnn.data import mnist
 from pyrobnn.infer.modes.ensemble import deep_ensemble
 from pyrobnn.infer.modes.laplace import laplace
 from pyrobnn.infer.sgmcmc import sghmc, sgld, smile
 from pyrobnn.infer.modes.swag import swag
-from pyrobnn.io import atomic_write_text, record_results
-from pyrobnn.metrics import brier_score, ood_auroc
-from pyrobnn.plotting import plot_reliability_diagram, save_figure
+from pyrobnn.utils.io import atomic_write_text, record_results
+from pyrobnn.evaluation.metrics import brier_score, ood_auroc
+from pyrobnn.evaluation.plotting import plot_reliability_diagram, save_figure
 
 
 def settings(quick):

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 import pyrobnn
-from pyrobnn.runtime import tune_cpu_allocator
+from pyrobnn.utils.runtime import tune_cpu_allocator
 
 N_LENET, N_MLP = 60_000, 1_000
 

@@ -28,7 +28,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 CHILD = r'''
 import json, resource, sys, time, warnings
@@ -37,7 +36,7 @@ from torch import nn
 warnings.simplefilter("ignore")
 torch.set_num_threads(1)
 import pyrobnn
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.potential import FlatPotential
 
 spec = json.loads(sys.argv[1])
 network, method, quick = spec["network"], spec["method"], spec["quick"]
@@ -110,8 +109,8 @@ if method == "idle":
 elif method == "auto_step":
     # SGHMC's step_size="auto" from 3 chains on n training images: the curvature estimate on its
     # subset, and one full-data Hessian-vector product (the old estimate took 50 of them)
-    from pyrobnn.infer.curvature import largest_curvature
-    from pyrobnn.infer.sgmcmc.samplers import chain_starts
+    from pyrobnn.infer.core.curvature import largest_curvature
+    from pyrobnn.infer.core.starts import chain_starts
 
     if network != "residual_mlp":
         from pyrobnn.data import mnist

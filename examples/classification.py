@@ -16,7 +16,7 @@ import torch
 
 import pyrobnn
 from pyrobnn.data import two_moons
-from pyrobnn.plotting import save_figure
+from pyrobnn.evaluation.plotting import save_figure
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--quick", action="store_true", help="few epochs, for CI")

@@ -19,10 +19,10 @@ import pyro.distributions as dist
 import torch
 
 import pyrobnn
-from pyrobnn import diagnostics
-from pyrobnn.compare import predictive_w2
+from pyrobnn.infer import diagnostics
+from pyrobnn.apps.compare import predictive_w2
 from pyrobnn.data import gap_regression
-from pyrobnn.plotting import plot_regression_1d, save_figure
+from pyrobnn.evaluation.plotting import plot_regression_1d, save_figure
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--quick", action="store_true", help="short runs, for CI")

@@ -26,10 +26,10 @@ import math
 import torch
 
 import pyrobnn
-from pyrobnn import sparsity
+from pyrobnn.guides import sparsity
 from pyrobnn.data import mnist
-from pyrobnn.io import record_results
-from pyrobnn.metrics import error_percent
+from pyrobnn.utils.io import record_results
+from pyrobnn.evaluation.metrics import error_percent
 
 PUBLISHED_ERROR = 1.36  # 400 units, scale-mixture prior (Table 1)
 PUBLISHED_PRUNING = {0.0: 1.24, 0.5: 1.24, 0.75: 1.24, 0.95: 1.29, 0.98: 1.39}  # 1200 units (Table 2)

@@ -23,8 +23,8 @@ from torch import nn
 
 import pyrobnn
 from pyrobnn.data import mnist
-from pyrobnn.io import record_results
-from pyrobnn.metrics import accuracy
+from pyrobnn.utils.io import record_results
+from pyrobnn.evaluation.metrics import accuracy
 
 PUBLISHED = {  # test accuracy %, (posterior mean, MC sampling)
     "base": (89.37, None),

@@ -30,10 +30,10 @@ import time
 import torch
 
 import pyrobnn
-from pyrobnn import sparsity
+from pyrobnn.guides import sparsity
 from pyrobnn.data import mnist
-from pyrobnn.io import atomic_save, record_results
-from pyrobnn.metrics import error_percent
+from pyrobnn.utils.io import atomic_save, record_results
+from pyrobnn.evaluation.metrics import error_percent
 
 PUBLISHED = {"lenet300100": {"error": 1.92, "compression": 68}, "lenet5": {"error": 0.75, "compression": 280}}
 

@@ -20,9 +20,9 @@ import matplotlib.pyplot as plt
 import torch
 
 from pyrobnn.data import mnist
-from pyrobnn.io import record_results
-from pyrobnn.plotting import save_figure
-from pyrobnn.vae import VAE, elbo_per_example, fit_vae, importance_log_likelihood
+from pyrobnn.utils.io import record_results
+from pyrobnn.evaluation.plotting import save_figure
+from pyrobnn.apps.vae import VAE, elbo_per_example, fit_vae, importance_log_likelihood
 
 PUBLISHED_LL = -86.76  # Burda et al. 2016, VAE with one stochastic layer, k = 5000
 

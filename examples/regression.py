@@ -19,7 +19,7 @@ import torch
 
 import pyrobnn
 from pyrobnn.data import gap_regression
-from pyrobnn.plotting import plot_regression_1d, save_figure
+from pyrobnn.evaluation.plotting import plot_regression_1d, save_figure
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--quick", action="store_true", help="few steps, for CI")

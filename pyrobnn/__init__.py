@@ -8,10 +8,10 @@ model and returns a :class:`Result` with the same verbs; :mod:`pyrobnn.testing` 
 them to that contract.
 """
 
-from pyrobnn import progress  # first: Pyro imports tqdm.auto too (pyrobnn.progress says why)
-from pyrobnn import kl  # registers the KL divergences with torch
-from pyrobnn import memory, runtime
-from pyrobnn.estimators import flipout, local_reparameterization, per_example_weights
+from pyrobnn.utils import progress  # first: Pyro imports tqdm.auto too (pyrobnn.utils.progress says why)
+from pyrobnn.models import kl  # registers the KL divergences with torch
+from pyrobnn.utils import memory, runtime
+from pyrobnn.models.estimators import flipout, local_reparameterization, per_example_weights
 from pyrobnn.guides import (
     ConcreteDropout,
     GaussianDropout,
@@ -22,25 +22,27 @@ from pyrobnn.guides import (
 )
 from pyrobnn.infer import KLAnnealing, SplitELBO, SVITrainer, fit
 from pyrobnn.infer.svi import ivon
-from pyrobnn.infer.mcmc import ensemble_sampling, mclmc, nuts, pyro_nuts
+from pyrobnn.infer.ensemble_sampling import ensemble_sampling
+from pyrobnn.infer.mcmc import mclmc, nuts, pyro_nuts
 from pyrobnn.infer.modes import deep_ensemble, laplace, swag
-from pyrobnn.infer.posterior import Posterior, load_posterior
+from pyrobnn.infer.loading import load_posterior
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.result import Result
 from pyrobnn.infer.sgmcmc import sghmc, sgld, smile
-from pyrobnn.infer.variational import VariationalPosterior
-from pyrobnn.calibration import TemperatureScaling
-from pyrobnn.io import load, save
+from pyrobnn.infer.svi.variational import VariationalPosterior
+from pyrobnn.evaluation.calibration import TemperatureScaling
+from pyrobnn.utils.io import load, save
 from pyrobnn import methods  # after the method families: their modules register them
 from pyrobnn.methods import UnsupportedModelError
-from pyrobnn.likelihoods import (
+from pyrobnn.models.likelihoods import (
     BernoulliLikelihood,
     CategoricalLikelihood,
     GaussianLikelihood,
     HeteroscedasticGaussianLikelihood,
 )
 from pyrobnn.models import MLP, BayesianModel, LeNet5, LeNet300100
-from pyrobnn.predictive import predict
-from pyrobnn.priors import ARDPrior, LogUniformPrior, NormalPrior, ScaleMixturePrior
+from pyrobnn.infer.predictive import predict
+from pyrobnn.models.priors import ARDPrior, LogUniformPrior, NormalPrior, ScaleMixturePrior
 
 __version__ = "0.1.0"
 
@@ -98,7 +100,7 @@ __all__ = [
 ]
 
 # Lightning takes seconds to import: its classes load on first use
-_LAZY = {name: "pyrobnn.infer.lightning" for name in ("SVIModule", "EnsembleModule", "EndProcessGroup")}
+_LAZY = {name: "pyrobnn.integrations.lightning" for name in ("SVIModule", "EnsembleModule", "EndProcessGroup")}
 
 
 def __getattr__(name):

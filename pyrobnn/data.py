@@ -130,7 +130,7 @@ def _rebuild_mnist_file(name, source, raw) -> None:
     and extract it, each through a temporary file and a rename."""
     import gzip
 
-    from pyrobnn.io import atomic_write_bytes
+    from pyrobnn.utils.io import atomic_write_bytes
 
     gz = os.path.join(source, name + ".gz")
     if not os.path.isfile(gz):
@@ -214,7 +214,7 @@ def mnist(root=None, train: bool = True, subset=None, seed: int = 0, cache=None,
 class UCISplit:
     """One train/test split of a UCI regression data set, standardized with the training
     split's statistics (inputs and target). ``y_mean`` and ``y_std`` map predictions back to
-    the original units (:meth:`pyrobnn.predictions.RegressionPrediction.rescale`).
+    the original units (:meth:`pyrobnn.evaluation.predictions.RegressionPrediction.rescale`).
 
     Feature columns that are constant on the training split (naval-propulsion-plant has two;
     rounding in the mean can give one a standard deviation of 1e-13 rather than 0) get a

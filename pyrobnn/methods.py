@@ -148,7 +148,7 @@ def spec(key: str) -> MethodSpec:
 
 def likelihood_kind(likelihood) -> str:
     """The :data:`LIKELIHOODS` kind of ``likelihood``."""
-    from pyrobnn.likelihoods import BernoulliLikelihood, CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
+    from pyrobnn.models.likelihoods import BernoulliLikelihood, CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
 
     if isinstance(likelihood, HeteroscedasticGaussianLikelihood):
         return "heteroscedastic"
@@ -165,7 +165,7 @@ def prior_kind(model) -> tuple:
     """``(kind, site)``: ``"normal"`` or ``"log_uniform"`` if every random site of ``model`` has
     that prior (``site``: the first, or ``None`` for Normal priors), else ``"other"`` with the
     first site whose prior differs from the first site's kind."""
-    from pyrobnn.priors import LogUniformPrior, NormalPrior
+    from pyrobnn.models.priors import LogUniformPrior, NormalPrior
 
     kinds = [("normal" if isinstance(p, NormalPrior) else "log_uniform" if isinstance(p, LogUniformPrior) else "other", s)
              for s, p in ((s, model.site_prior(s)) for s in model.sites)]

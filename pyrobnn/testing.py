@@ -54,14 +54,15 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from pyrobnn import memory, methods
-from pyrobnn.infer.posterior import load_posterior
+from pyrobnn import methods
+from pyrobnn.utils import memory
+from pyrobnn.infer.loading import load_posterior
 from pyrobnn.infer.result import FAMILIES, STATS, Result
-from pyrobnn.likelihoods import BernoulliLikelihood, CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
+from pyrobnn.models.likelihoods import BernoulliLikelihood, CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
 from pyrobnn.models import MLP, BayesianModel
-from pyrobnn.predictions import ClassificationPrediction, RegressionPrediction
-from pyrobnn.priors import LogUniformPrior, NormalPrior, ScaleMixturePrior
-from pyrobnn.validation import as_tensor, check_forward
+from pyrobnn.evaluation.predictions import ClassificationPrediction, RegressionPrediction
+from pyrobnn.models.priors import LogUniformPrior, NormalPrior, ScaleMixturePrior
+from pyrobnn.utils.validation import as_tensor, check_forward
 
 __all__ = [
     "Case", "CASES", "build_case", "method_prior", "check_method", "check_refusal", "check_determinism", "check_fresh_process", "check_budgets",
@@ -538,7 +539,7 @@ def main(argv=None) -> int:
     matrix = conformance_matrix()
     text = json.dumps({"cases": {k: c.description for k, c in CASES.items()}, "matrix": matrix}, indent=1) + "\n"
     if args.out:
-        from pyrobnn.io import atomic_write_text
+        from pyrobnn.utils.io import atomic_write_text
 
         atomic_write_text(text, args.out)
     else:

@@ -7,9 +7,9 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from pyrobnn.calibration import TemperatureScaling, fit_temperature
-from pyrobnn.metrics import brier_score, categorical_log_likelihood, expected_calibration_error, ood_auroc
-from pyrobnn.plotting import plot_reliability_diagram, save_figure
+from pyrobnn.evaluation.calibration import TemperatureScaling, fit_temperature
+from pyrobnn.evaluation.metrics import brier_score, categorical_log_likelihood, expected_calibration_error, ood_auroc
+from pyrobnn.evaluation.plotting import plot_reliability_diagram, save_figure
 
 
 def calibrated_problem(n=20000, classes=4, seed=0, sharpness=2.0):

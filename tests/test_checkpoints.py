@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.checkpoints import RunCheckpoint
 
 
 def _model():

@@ -19,7 +19,7 @@ def run(args, tmp_path):
 
 
 def test_demo_command(tmp_path):
-    stdout = run([sys.executable, "-m", "pyrobnn.cli", "demo", "--out", "demo", "--epochs", "400", "--samples", "100", "--quiet"], tmp_path)
+    stdout = run([sys.executable, "-m", "pyrobnn.apps.cli", "demo", "--out", "demo", "--epochs", "400", "--samples", "100", "--quiet"], tmp_path)
     rows = json.load(open(tmp_path / "demo" / "results.json"))
     assert [r["method"] for r in rows] == ["mean-field (Bayes by Backprop)", "variational dropout"]
     for r in rows:
@@ -47,7 +47,7 @@ def test_classification_example(tmp_path):
 
 @pytest.mark.slow  # about 35 s: every method on the toy data (the UCI split and the example run compare in the default run)
 def test_compare_quick_on_the_toy_data(tmp_path):
-    stdout = run([sys.executable, "-m", "pyrobnn.cli", "compare", "--quick", "--out", "cmp", "--quiet"], tmp_path)
+    stdout = run([sys.executable, "-m", "pyrobnn.apps.cli", "compare", "--quick", "--out", "cmp", "--quiet"], tmp_path)
     out = tmp_path / "cmp"
     for name in ("results.md", "results.csv", "results.json", "predictive_bands.png", "calibration.png", "reference_trace_predictions.png", "reference_rank_predictions.png", "reference_ppc.png", "reference.nc"):
         assert (out / name).stat().st_size > 0, name
@@ -67,7 +67,7 @@ def test_compare_quick_on_the_toy_data(tmp_path):
 def test_compare_quick_on_a_uci_split(tmp_path, shared_data_dir):
     if not os.path.isdir(os.path.join(shared_data_dir, "uci", "yacht")):
         pytest.skip(f"UCI yacht not found under {shared_data_dir} (set PYROBNN_DATA)")
-    run([sys.executable, "-m", "pyrobnn.cli", "compare", "--quick", "--dataset", "yacht", "--data-dir", shared_data_dir,
+    run([sys.executable, "-m", "pyrobnn.apps.cli", "compare", "--quick", "--dataset", "yacht", "--data-dir", shared_data_dir,
          "--splits", "0", "--methods", "meanfield", "--reference", "nuts", "--out", "cmp", "--quiet"], tmp_path)
     results = json.load(open(tmp_path / "cmp" / "results.json"))
     rows = {r["key"]: r for r in results["summary"]}

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pyrobnn.compare import runner as compare
+from pyrobnn.apps.compare import runner as compare
 
 
 def _yacht(shared_data_dir):
@@ -93,7 +93,7 @@ def test_compare_runs_the_baselines_built_on_the_ensemble(tmp_path):
     ("0-3,2", "lists split(s) [2] more than once"),
 ])
 def test_cli_splits_are_refused_with_a_usage_error_naming_them(text, message, capsys):
-    from pyrobnn.cli import main
+    from pyrobnn.apps.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["compare", "--splits", text])
@@ -102,13 +102,13 @@ def test_cli_splits_are_refused_with_a_usage_error_naming_them(text, message, ca
 
 
 def test_cli_splits_parse_ranges_and_lists():
-    from pyrobnn.cli import parse_splits
+    from pyrobnn.apps.cli import parse_splits
 
     assert parse_splits("0-2,7") == [0, 1, 2, 7]
 
 
 def test_compare_refuses_bad_splits_before_writing_anything(tmp_path, capsys):
-    from pyrobnn.cli import main
+    from pyrobnn.apps.cli import main
 
     out = tmp_path / "never"
     with pytest.raises(ValueError, match=r"lists \[0\] more than once"):
@@ -122,7 +122,7 @@ def test_compare_refuses_bad_splits_before_writing_anything(tmp_path, capsys):
 
 
 def test_cli_reports_an_unusable_output_path_in_one_line(tmp_path, capsys):
-    from pyrobnn.cli import main
+    from pyrobnn.apps.cli import main
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -134,7 +134,7 @@ def test_cli_reports_an_unusable_output_path_in_one_line(tmp_path, capsys):
 def test_compare_refuses_to_rank_against_a_degenerate_reference(tmp_path, monkeypatch, capsys):
     """A reference the diagnostics judge degenerate ranks nothing: the distances to it are n/a,
     the tables open with the warning and its verdict, and the command exits with status 3."""
-    from pyrobnn.cli import main
+    from pyrobnn.apps.cli import main
     real = compare._reference_diagnostics
 
     def degenerate(*args, **kwargs):

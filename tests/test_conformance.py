@@ -95,7 +95,7 @@ def test_a_result_that_loads_differently_fails_the_contract(monkeypatch):
 
 
 def test_the_memory_check_fails_where_a_pass_takes_all_the_points(monkeypatch):
-    from pyrobnn import memory
+    from pyrobnn.utils import memory
 
     monkeypatch.setattr(memory, "points_per_chunk", lambda points, *args, **kwargs: points)
     with pytest.raises(AssertionError, match="grows with the data"):

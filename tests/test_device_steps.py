@@ -36,8 +36,8 @@ import torch
 import pyrobnn
 from pyrobnn.infer.mcmc.mclmc_kernel import mclmc_step
 from pyrobnn.infer.mcmc.nuts_kernel import transition_uniforms
-from pyrobnn.infer.minibatch import minibatch_log_joint_value_and_grad, per_row_minibatch_log_joint_value_and_grad
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.minibatch import minibatch_log_joint_value_and_grad, per_row_minibatch_log_joint_value_and_grad
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.sgmcmc.kernels import sghmc_step, sgld_step
 from pyrobnn.infer.sgmcmc.smile_kernel import SMILESettings, smile_init, smile_step
 from pyrobnn.infer.svi.trainer import SVITrainer
@@ -47,7 +47,7 @@ META = torch.device("meta")
 
 class FoundInfSGD(torch.optim.SGD):
     """SGD that honours ``found_inf`` on the device, as PyTorch's fused optimizers do (a step is
-    skipped where the flag is set), so that :func:`~pyrobnn.infer.failures.skips_on_device`
+    skipped where the flag is set), so that :func:`~pyrobnn.infer.core.failures.skips_on_device`
     takes it and the trainer's step needs no host check."""
 
     def __init__(self, params, lr):
@@ -107,8 +107,8 @@ def test_training_step_stays_on_the_device(kind, guide_name, estimator):
 
 def recorded_input_checks(monkeypatch):
     """Replace the NaN checks of inputs (a host synchronization each) by a record of them."""
-    import pyrobnn.predictive as predictive
-    import pyrobnn.validation as validation
+    import pyrobnn.infer.predictive as predictive
+    import pyrobnn.utils.validation as validation
 
     checked = []
     monkeypatch.setattr(validation, "check_finite", lambda t, name: checked.append(name))

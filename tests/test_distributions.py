@@ -10,7 +10,7 @@ import torch
 from scipy import integrate, stats
 from torch.distributions import kl_divergence
 
-from pyrobnn.distributions import (
+from pyrobnn.models.distributions import (
     ARDNormal,
     BernoulliUnitNoise,
     ConcreteUnitNoise,
@@ -19,7 +19,7 @@ from pyrobnn.distributions import (
     MultiplicativeNormal,
     ScaleMixtureNormal,
 )
-from pyrobnn.kl import kl_method, log_uniform_kl
+from pyrobnn.models.kl import kl_method, log_uniform_kl
 
 EULER_GAMMA = 0.5772156649015329
 
@@ -196,7 +196,7 @@ def test_kl_method_reports_registered_kinds():
 def test_unchecked_log_normal_and_without_validation_score_as_the_checked_ones():
     import pyro.distributions as pdist
 
-    from pyrobnn.distributions import unchecked_log_normal, without_validation
+    from pyrobnn.models.distributions import unchecked_log_normal, without_validation
 
     loc, scale = torch.tensor([0.3, -1.0]), torch.tensor([0.5, 2.0])
     value = torch.tensor([1.7, 0.2])

@@ -12,7 +12,7 @@ from torch import nn
 import pyrobnn
 from pyrobnn.guides.base import site_key
 from pyrobnn.infer import KLAnnealing, SplitELBO
-from pyrobnn.kl import log_uniform_kl
+from pyrobnn.models.kl import log_uniform_kl
 
 PRIOR_SCALE = 0.8
 

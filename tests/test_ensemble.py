@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn import diagnostics
-from pyrobnn.infer.mcmc import ensemble_sampling
-from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble, member_initializations, train_members
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer import diagnostics
+from pyrobnn.infer.ensemble_sampling import ensemble_sampling
+from pyrobnn.infer.core.starts import member_initializations
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble, train_members
+from pyrobnn.infer.core.potential import FlatPotential
 from test_conjugate import bayesian_linear_model, conjugate_problem
 
 
@@ -92,7 +93,7 @@ def test_early_stopping_keeps_each_members_best_validation_state():
 def test_ensemble_initialized_chains_start_at_the_members():
     """The samplers' starting positions are exactly the members (packed to unconstrained
     vectors), one chain per member, for MCLMC and NUTS alike."""
-    from pyrobnn.infer.mcmc import initial_positions
+    from pyrobnn.infer.core.starts import initial_positions
 
     model, x, y = small_problem()
     ensemble = deep_ensemble(model, x, y, num_members=3, lr=1e-2, max_epochs=20, progress=False)
@@ -210,7 +211,8 @@ def test_members_trained_in_two_processes_follow_their_one_process_paths():
 def test_chains_in_two_processes_are_the_groups_run_alone():
     """NUTS and MCLMC with num_processes=2: the starting positions are the one-process ones and
     group i is exactly the sampler run on its chains with the seed seed + i."""
-    from pyrobnn.infer.mcmc import initial_positions, mclmc, nuts
+    from pyrobnn.infer.core.starts import initial_positions
+    from pyrobnn.infer.mcmc import mclmc, nuts
 
     _, x, y = small_problem()
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ from pyro.infer.autoguide import AutoNormal
 from torch import nn
 
 import pyrobnn
-from pyrobnn.estimators import ESTIMATORS, flipout, local_reparameterization, per_example_weights
+from pyrobnn.models.estimators import ESTIMATORS, flipout, local_reparameterization, per_example_weights
 from pyrobnn.guides.base import site_key
 from pyrobnn.infer import SplitELBO
 

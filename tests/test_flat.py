@@ -6,17 +6,16 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
-from torch import nn
 
 import pyrobnn
-from pyrobnn.distributions import MultiplicativeNormal
-from pyrobnn.estimators import ESTIMATORS
+from pyrobnn.models.distributions import MultiplicativeNormal
+from pyrobnn.models.estimators import ESTIMATORS
 from pyrobnn.guides.base import site_key
 from pyrobnn.guides.mean_field import mean_field_normal_terms
 from pyrobnn.guides.variational_dropout import sparse_vd_terms
 from pyrobnn.infer import SplitELBO
 from pyrobnn.infer.svi.trace_free import TraceFreeELBO
-from pyrobnn.kl import base_distribution
+from pyrobnn.models.kl import base_distribution
 
 CASES = {
     "meanfield-normal": (lambda: pyrobnn.NormalPrior(0.7, fan_in=True), lambda m: pyrobnn.MeanFieldNormal(m, init_scale=0.1)),

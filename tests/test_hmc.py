@@ -4,7 +4,6 @@ import math
 
 import arviz as az
 import numpy as np
-import pyro
 import pyro.distributions as dist
 import pytest
 import torch
@@ -13,7 +12,7 @@ from pyro.infer.mcmc.util import initialize_model
 
 import pyrobnn
 from pyrobnn.infer.mcmc.samplers import nuts, pyro_nuts
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.potential import FlatPotential
 from test_conjugate import bayesian_linear_model, conjugate_problem
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.io import atomic_save
+from pyrobnn.utils.io import atomic_save
 
 
 def make(seed):
@@ -113,7 +113,7 @@ def test_empty_truncated_or_foreign_files_are_reported_as_corrupted_with_the_pat
 
 @pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_atomic_writes_get_the_users_umask(tmp_path, umask, expected):
-    from pyrobnn.io import atomic_write_text
+    from pyrobnn.utils.io import atomic_write_text
 
     old = os.umask(umask)
     try:
@@ -124,7 +124,7 @@ def test_atomic_writes_get_the_users_umask(tmp_path, umask, expected):
 
 
 def test_stale_temporaries_of_killed_saves_are_removed(tmp_path):
-    from pyrobnn.io import STALE_SECONDS, TMP_PREFIX, atomic_write_text
+    from pyrobnn.utils.io import STALE_SECONDS, TMP_PREFIX, atomic_write_text
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a pid that no longer runs

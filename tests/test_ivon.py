@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.svi.ivon import default_beta2
 from test_conjugate import NOISE, bayesian_linear_model, conjugate_problem
 
@@ -103,7 +103,7 @@ def test_ivon_predicts_as_close_to_nuts_as_mean_field_vi_or_closer():
     """On the gap regression, the 2-Wasserstein distance of the predictive to NUTS's over a grid
     through the gap (we measured 0.06 for IVON at 1000-5000 epochs, 0.06-0.13 for mean-field VI
     at 5000-2000 epochs)."""
-    from pyrobnn.compare.runner import predictive_w2
+    from pyrobnn.apps.compare.runner import predictive_w2
     from pyrobnn.data import gap_regression
 
     x, y = gap_regression(n=60, seed=0)

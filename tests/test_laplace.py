@@ -9,7 +9,6 @@ Kronecker factors of the GGN are exact as well (the output factor is the constan
 
 import math
 
-import pyro
 import pytest
 import torch
 from pyro.infer import Predictive

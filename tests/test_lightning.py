@@ -10,10 +10,10 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import pyrobnn
 from pyrobnn.infer import SVITrainer
-from pyrobnn.infer.modes.ensemble import member_initializations
-from pyrobnn.infer.lightning.modules import EndProcessGroup, EnsembleModule, SVIModule
+from pyrobnn.infer.core.starts import member_initializations
+from pyrobnn.integrations.lightning import EndProcessGroup, EnsembleModule, SVIModule
 from pyrobnn.infer.svi.objective import trainable_parameters
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.potential import FlatPotential
 from test_training import regression_data
 
 N, PER_RANK_BATCH, EPOCHS = 64, 8, 2

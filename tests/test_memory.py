@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import pyrobnn
-from pyrobnn import memory
-from pyrobnn.infer.curvature import largest_curvature
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.utils import memory
+from pyrobnn.infer.core.curvature import largest_curvature
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.testing import ConvNet, TensorMemory, build_case
 
 

@@ -109,7 +109,7 @@ def test_a_guide_pyrobnn_cannot_rebuild_asks_for_it(tmp_path):
 
 def test_the_verbs_have_one_signature():
     from pyrobnn.infer.posterior import Posterior
-    from pyrobnn.infer.variational import VariationalPosterior
+    from pyrobnn.infer.svi.variational import VariationalPosterior
 
     for cls in (Posterior, VariationalPosterior, pyrobnn.infer.modes.LaplacePosterior):
         params = inspect.signature(cls.predict).parameters

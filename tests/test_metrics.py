@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy import integrate, optimize, stats
 
-from pyrobnn import metrics
-from pyrobnn.predictions import ClassificationPrediction, RegressionPrediction
+from pyrobnn.evaluation import metrics
+from pyrobnn.evaluation.predictions import ClassificationPrediction, RegressionPrediction
 
 
 def test_expected_calibration_error_by_hand():

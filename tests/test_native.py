@@ -15,7 +15,7 @@ from pyrobnn.infer.mcmc import native
 from pyrobnn.infer.mcmc.samplers import nuts
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMCState, MCLMCTuning, Stepper
 from pyrobnn.infer.mcmc.nuts_kernel import NUTSState, nuts_step
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.potential import FlatPotential
 
 pytestmark = pytest.mark.skipif(native.build_info()["compiler"] is None, reason="no C++ compiler: the native kernels cannot be built")
 

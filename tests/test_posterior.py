@@ -1,10 +1,9 @@
 """Every method's result answers the same verbs: predict, to_arviz, save/load, summary."""
 
+import inspect
 import math
 import os
-import warnings
 
-import pyro
 import pyro.distributions as dist
 import pytest
 import torch
@@ -148,21 +147,10 @@ def test_a_subset_of_draws_takes_from_every_chain():
     torch.testing.assert_close(pred.mean, torch.full((3, 1), 0.5))
 
 
-def test_the_old_import_paths_still_work_with_a_deprecation_warning():
-    import importlib
-    import sys
-
-    for name in ("pyrobnn.infer.hmc", "pyrobnn.infer.ensemble"):
-        sys.modules.pop(name, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        hmc = importlib.import_module("pyrobnn.infer.hmc")
-        assert hmc.MCMCResult is Posterior and hmc.nuts is pyrobnn.nuts
-        from pyrobnn.infer.ensemble import EnsembleResult  # noqa: F401
-    messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert any("pyrobnn.infer.hmc moved to pyrobnn.infer.mcmc.samplers" in m for m in messages)
-    assert any("pyrobnn.infer.hmc.MCMCResult is now pyrobnn.infer.posterior.Posterior" in m for m in messages)
-    assert any("EnsembleResult is now pyrobnn.infer.modes.ensemble.EnsemblePosterior" in m for m in messages)
-    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
-        hmc.no_such_name  # noqa: B018
-    pyro.clear_param_store()
+def test_every_method_takes_its_settings_by_keyword_only():
+    # (model, x, y) by position, everything else by name: deep_ensemble(model, x, y, 8) would
+    # read as a seed in one method and a member count in another
+    for name in ("nuts", "mclmc", "pyro_nuts", "ensemble_sampling", "deep_ensemble", "laplace", "swag", "sgld", "sghmc", "smile", "ivon"):
+        params = list(inspect.signature(getattr(pyrobnn, name)).parameters.values())
+        assert [p.name for p in params[:3]] == ["model", "x", "y"], name
+        assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in params[3:]), name

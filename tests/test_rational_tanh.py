@@ -3,11 +3,10 @@ derivative, edge values, and that compiled tanh networks use it and agree with e
 
 import math
 
-import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.models.rational_tanh import rational_tanh, tanh_for
 
 # torch.tanh's own float32 error is about 6e-8; a few ULP more is the documented budget

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.sgmcmc import cyclical_step_size, minibatch_log_joint_grad, sghmc, sghmc_step, sgld, sgld_step
 from test_conjugate import bayesian_linear_model, conjugate_problem
 
@@ -125,7 +125,7 @@ def test_cyclical_schedule_and_containers():
 
 
 def test_largest_curvature_is_the_top_eigenvalue_of_the_posterior_precision():
-    from pyrobnn.infer.curvature import largest_curvature
+    from pyrobnn.infer.core.curvature import largest_curvature
 
     X, y, _, precision = conjugate_problem()
     potential = FlatPotential(bayesian_linear_model(), X, y.unsqueeze(-1))

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint_value_and_grad, per_row_minibatch_log_joint_value_and_grad
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint_value_and_grad, per_row_minibatch_log_joint_value_and_grad
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.sgmcmc.smile_kernel import SMILESettings, gamma_quantile, smile_init, smile_step
 from test_conjugate import bayesian_linear_model, conjugate_problem
 

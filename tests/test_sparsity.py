@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn import sparsity
+from pyrobnn.guides import sparsity
 
 
 def sparse_vd(seed=0):
@@ -112,7 +112,7 @@ def test_bad_masks_and_guides_are_refused():
 
 
 def test_record_results_replaces_by_name_and_metric(tmp_path):
-    from pyrobnn.io import record_results
+    from pyrobnn.utils.io import record_results
 
     path = tmp_path / "results.json"
     record_results(path, [{"name": "a", "metric": "err", "value": 1.0}, {"name": "a", "metric": "cr", "value": 2.0}])

@@ -6,7 +6,7 @@ import pyro
 import pytest
 import torch
 
-from pyrobnn.vae import VAE, elbo_per_example, fit_vae, importance_log_likelihood
+from pyrobnn.apps.vae import VAE, elbo_per_example, fit_vae, importance_log_likelihood
 
 
 def exact_log_px(vae, x):

@@ -193,7 +193,7 @@ def test_fit_refuses_fractional_epochs_and_zero_particles_or_checkpoint_interval
 def test_the_model_refuses_non_finite_data_under_pyros_own_svi_and_predictive(monkeypatch):
     import pyro
 
-    import pyrobnn.validation as validation
+    import pyrobnn.utils.validation as validation
 
     torch.manual_seed(0)
     model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale=0.1))

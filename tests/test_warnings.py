@@ -63,7 +63,7 @@ COMPILE_LOG = textwrap.dedent(
     """
     import sys
     if sys.argv[1] == "pyrobnn":
-        from pyrobnn.runtime import compiled
+        from pyrobnn.utils.runtime import compiled
         compiled(lambda t: t + 1)
     else:
         import torch.utils.cpp_extension
@@ -74,7 +74,7 @@ COMPILE_LOG = textwrap.dedent(
 @pytest.mark.slow  # two fresh interpreters importing torch: about 10 s
 def test_compiling_logs_no_cuda_runtime_message_on_a_cpu_machine(tmp_path):
     """torch's C++ build helpers log "No CUDA runtime is found" at import where a CUDA toolkit is
-    found (here: CUDA_HOME names a folder) but no GPU; :func:`pyrobnn.runtime.compiled` imports
+    found (here: CUDA_HOME names a folder) but no GPU; :func:`pyrobnn.utils.runtime.compiled` imports
     them quietly before torch.compile would. The plain import is the control: it must log."""
     env = dict(os.environ, CUDA_HOME=str(tmp_path), CUDA_VISIBLE_DEVICES="")
 

@@ -6,14 +6,13 @@ import math
 from typing import Protocol, runtime_checkable
 
 import pyro
-import pyro.distributions as dist
 import torch
 from torch import nn
 
-from pyrobnn.distributions import unchecked_log_normal, without_validation
-from pyrobnn.numerics import softplus
-from pyrobnn.params import call_substituted, pyro_params
-from pyrobnn.validation import check_same_placement
+from pyrobnn.models.distributions import unchecked_log_normal, without_validation
+from pyrobnn.models.numerics import softplus
+from pyrobnn.models.params import call_substituted, pyro_params
+from pyrobnn.utils.validation import check_same_placement
 
 __all__ = ["WeightGuide", "MeanGuide", "inverse_softplus", "site_key"]
 
@@ -32,7 +31,7 @@ def site_key(name: str) -> str:
 class MeanGuide(Protocol):
     """A guide that knows its posterior mean, ``{site: E_q[w]}`` for every weight site and latent
     likelihood site: ours (:class:`WeightGuide`) and guides built on them
-    (:class:`~pyrobnn.sparsity.PrunedGuide`). ``pyrobnn.predict(..., method="mean")`` takes them."""
+    (:class:`~pyrobnn.guides.sparsity.PrunedGuide`). ``pyrobnn.predict(..., method="mean")`` takes them."""
 
     def posterior_mean(self) -> dict: ...
 
@@ -42,7 +41,7 @@ class WeightGuide(nn.Module):
     :class:`~pyrobnn.models.BayesianModel`, each placed at the site as the real distribution
     (never a ``Delta`` fed from a hidden site), so that an analytic-KL ELBO
     (``TraceMeanField_ELBO``) finds the registered KL and the estimators of
-    :mod:`pyrobnn.estimators` can read the factor's moments.
+    :mod:`pyrobnn.models.estimators` can read the factor's moments.
 
     Latent sites of the likelihood (a noise scale with a prior) get a log-normal factor
     :math:`q(\sigma) = \text{LogNormal}(m, \text{softplus}(\rho)^2)`, initialized at the
@@ -50,7 +49,7 @@ class WeightGuide(nn.Module):
 
     The guide keeps its parameters as ordinary ``nn.Parameter`` attributes and, when called
     under Pyro, emits each as a ``param`` site named :attr:`pyro_prefix` + its path in the module
-    (``"guide.loc.0:weight"``; :mod:`pyrobnn.params`): ``pyro.infer.SVI`` optimizes them,
+    (``"guide.loc.0:weight"``; :mod:`pyrobnn.models.params`): ``pyro.infer.SVI`` optimizes them,
     ``pyro.optim`` options per name and its saved state apply, ``JitTrace_ELBO`` works, and
     two guides never share a value.
 
@@ -97,7 +96,7 @@ class WeightGuide(nn.Module):
     def config(self) -> dict:
         """The constructor's settings that shape the guide (its class and these rebuild it
         before its state is loaded: :meth:`VariationalPosterior.load
-        <pyrobnn.infer.variational.VariationalPosterior.load>`); plain values only."""
+        <pyrobnn.infer.svi.variational.VariationalPosterior.load>`); plain values only."""
         return {}
 
     def fused_terms(self, site, prior):
@@ -111,7 +110,7 @@ class WeightGuide(nn.Module):
 
     def latent_posterior(self, name):
         """The LogNormal posterior of a latent site (a noise scale), without torch's checks
-        (:func:`~pyrobnn.distributions.unchecked_log_normal`: its scale is positive by
+        (:func:`~pyrobnn.models.distributions.unchecked_log_normal`: its scale is positive by
         construction, and a check would read a value back to the host at every step)."""
         key = site_key(name)
         return unchecked_log_normal(self.latent_loc[key], softplus(self.latent_rho[key]))

@@ -7,7 +7,7 @@ import fnmatch
 import torch
 from torch import nn
 
-from pyrobnn.distributions import BernoulliUnitNoise, ConcreteUnitNoise
+from pyrobnn.models.distributions import BernoulliUnitNoise, ConcreteUnitNoise
 from pyrobnn.guides.base import WeightGuide, site_key
 from pyrobnn.methods import refuse_unsupported
 
@@ -40,7 +40,7 @@ class MCDropout(WeightGuide):
     :math:`z_u \sim \text{Bernoulli}(1-p)` per input unit ``u``: dropout on the layer's inputs
     with inverted scaling, so :math:`E[W] = M`. Biases are deterministic. The KL against the
     prior :math:`N(0, s^2)` is Gal & Ghahramani's approximation (see
-    :func:`pyrobnn.kl.dropout_kl`), which is the familiar weight decay
+    :func:`pyrobnn.models.kl.dropout_kl`), which is the familiar weight decay
     :math:`\|M\|^2 / (2 s^2 (1-p))`; with :math:`s^2 = 1/l^2` and the likelihood scaled by
     :math:`N`, dividing the loss by :math:`N\tau` gives the weight decay
     :math:`l^2 (1-p) / (2 N \tau)` of the paper's code on the un-inverted weights.

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pyrobnn.distributions import SampleAwareNormal, ScalarNormal
+from pyrobnn.models.distributions import SampleAwareNormal, ScalarNormal
 from pyrobnn.guides.base import WeightGuide, inverse_softplus, site_key
-from pyrobnn.kl import normal_kl
-from pyrobnn.numerics import softplus
+from pyrobnn.models.kl import normal_kl
+from pyrobnn.models.numerics import softplus
 
 __all__ = ["MeanFieldNormal", "mean_field_normal_terms", "positive_scale"]
 
@@ -45,10 +45,10 @@ class MeanFieldNormal(WeightGuide):
         mean-field BNNs then settle near the prior (underfit), a known failure of the
         method on small data (see e.g. Trippe & Turner 2018).
 
-    Its KL against :class:`~pyrobnn.priors.NormalPrior` is exact, against
-    :class:`~pyrobnn.priors.LogUniformPrior` the Molchanov approximation, against
-    :class:`~pyrobnn.priors.ARDPrior` exact at the optimal prior variance, and against
-    :class:`~pyrobnn.priors.ScaleMixturePrior` estimated by Monte Carlo.
+    Its KL against :class:`~pyrobnn.models.priors.NormalPrior` is exact, against
+    :class:`~pyrobnn.models.priors.LogUniformPrior` the Molchanov approximation, against
+    :class:`~pyrobnn.models.priors.ARDPrior` exact at the optimal prior variance, and against
+    :class:`~pyrobnn.models.priors.ScaleMixturePrior` estimated by Monte Carlo.
     """
 
     default_elbo = "trace"

@@ -9,11 +9,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from pyrobnn.distributions import GaussianUnitNoise, LogUniform, MultiplicativeNormal
+from pyrobnn.models.distributions import GaussianUnitNoise, LogUniform, MultiplicativeNormal
 from pyrobnn.guides.base import WeightGuide, site_key
-from pyrobnn.kl import log_uniform_kl
+from pyrobnn.models.kl import log_uniform_kl
 from pyrobnn.methods import refuse_unsupported
-from pyrobnn.priors import LogUniformPrior
+from pyrobnn.models.priors import LogUniformPrior
 
 __all__ = ["VariationalDropout", "SparseVariationalDropout", "GaussianDropout", "sparse_vd_terms"]
 
@@ -36,7 +36,7 @@ class VariationalDropout(WeightGuide):
           (variational dropout type B). Parameterized additively (Molchanov et al. 2017):
           the free parameters are :math:`\theta` and :math:`\log\sigma^2`,
           :math:`\log\alpha = \log\sigma^2 - \log\theta^2`. With
-          :class:`~pyrobnn.priors.LogUniformPrior` this is sparse variational dropout.
+          :class:`~pyrobnn.models.priors.LogUniformPrior` this is sparse variational dropout.
         - ``"unit"``: one learned :math:`\alpha` per input unit, the noise of a unit shared by
           every weight reading from it (type A; correlated weights), as Gaussian dropout on
           the layer's inputs with learned rates.
@@ -62,7 +62,7 @@ class VariationalDropout(WeightGuide):
         MNIST LeNet-300-100 it gave 106.9x compression at 1.92% error against 58.8x at 1.83%
         for the plain family (``docs/logs/reproductions.md``).
 
-    Prune with :func:`pyrobnn.sparsity` (weights whose :math:`\log\alpha \ge 3`).
+    Prune with :func:`pyrobnn.guides.sparsity` (weights whose :math:`\log\alpha \ge 3`).
     """
 
     default_elbo = "meanfield"
@@ -165,7 +165,7 @@ class VariationalDropout(WeightGuide):
 class SparseVariationalDropout(VariationalDropout):
     r"""Sparse variational dropout (Molchanov et al. 2017): per-weight :math:`\alpha` with the
     additive reparameterization and :math:`\log\alpha \in [-8, 8]`. Use it with
-    :class:`~pyrobnn.priors.LogUniformPrior` and local reparameterization; weights with
+    :class:`~pyrobnn.models.priors.LogUniformPrior` and local reparameterization; weights with
     :math:`\log\alpha \ge 3` are pruned."""
 
     def __init__(self, model, init_log_sigma2: float = -10.0, log_alpha_range=(-8.0, 8.0), train_clip: Optional[float] = None):
@@ -178,7 +178,7 @@ class SparseVariationalDropout(VariationalDropout):
 class GaussianDropout(VariationalDropout):
     r"""Gaussian dropout with a fixed rate ``p`` on every layer's inputs (Srivastava et al.
     2014): multiplicative noise :math:`N(1, \alpha)`, :math:`\alpha = p / (1 - p)`. With
-    :class:`~pyrobnn.priors.LogUniformPrior` its KL does not depend on the weights
+    :class:`~pyrobnn.models.priors.LogUniformPrior` its KL does not depend on the weights
     (Kingma et al. 2015), so training it is ordinary Gaussian dropout."""
 
     def __init__(self, model, p: float = 0.5):

@@ -1,24 +1,23 @@
-"""Inference: every way to a posterior over a BayesianModel, one family per subpackage.
+"""Inference: every way to a posterior over a BayesianModel.
 
-- :mod:`pyrobnn.infer.svi`: stochastic variational inference (the ELBO, the training loop);
-- :mod:`pyrobnn.infer.mcmc`: full-batch MCMC (NUTS, MCLMC, ensemble-initialized sampling);
-- :mod:`pyrobnn.infer.sgmcmc`: stochastic-gradient MCMC (SGLD, SGHMC);
-- :mod:`pyrobnn.infer.modes`: posteriors from optimized modes (deep ensembles, Laplace, SWAG);
-- :mod:`pyrobnn.infer.lightning`: the training objectives as Lightning modules.
+Read from the bottom up; each layer imports only the layers below it:
 
-Shared by them: the result protocol (:mod:`.result`), its draws (:mod:`.posterior`) and a
-trained guide (:mod:`.variational`), the flat potential (:mod:`.potential`), the curvature estimate (:mod:`.curvature`) and
-process spreading (:mod:`.processes`). The import paths of pyrobnn 0.1 (``pyrobnn.infer.fit``,
-``pyrobnn.infer.hmc``, ...) still work for one release, with a ``DeprecationWarning``
-(:mod:`.moved`).
+1. the results: the protocol every method returns (:mod:`.result`), the posterior predictive
+   (:mod:`.predictive`), ArviZ conversion and convergence diagnostics (:mod:`.diagnostics`), and
+   draws of the latent sites (:mod:`.posterior`);
+2. the shared core (:mod:`.core`): the flat potential, the minibatch log joint and its loop,
+   starting positions, integrators, the step-failure policy, checkpoints, curvature and processes;
+3. the method families, none of which imports another: :mod:`.svi` (the ELBO, the training loop,
+   IVON, a trained guide as a result), :mod:`.mcmc` (NUTS, MCLMC), :mod:`.sgmcmc` (SGLD, SGHMC,
+   SMILE) and :mod:`.modes` (deep ensembles, Laplace, SWAG);
+4. methods made of two families (:mod:`.ensemble_sampling`) and reading any saved result
+   (:mod:`.loading`).
 """
 
-from pyrobnn.infer import moved
-from pyrobnn.infer.posterior import Posterior, load_posterior
+from pyrobnn.infer.loading import load_posterior
+from pyrobnn.infer.posterior import Posterior
 from pyrobnn.infer.svi import ELBOTerms, History, InvalidBatchError, KLAnnealing, NonFiniteLossError, SplitELBO, SVITrainer, fit, make_elbo
-from pyrobnn.infer.variational import VariationalPosterior
-
-moved.install()
+from pyrobnn.infer.svi.variational import VariationalPosterior
 
 __all__ = [
     "SplitELBO", "ELBOTerms", "make_elbo", "fit", "SVITrainer", "History", "KLAnnealing", "NonFiniteLossError", "InvalidBatchError",

@@ -9,13 +9,13 @@ draw per member (:class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior`); Lapl
 with draws from their Gaussians (:class:`~pyrobnn.infer.modes.laplace.LaplacePosterior`,
 :class:`~pyrobnn.infer.modes.swag.SWAGPosterior`, which add what is theirs: the linearized
 predictive, the moments). A trained guide gets the same verbs through
-:class:`~pyrobnn.infer.variational.VariationalPosterior`.
+:class:`~pyrobnn.infer.svi.variational.VariationalPosterior`.
 
 The verbs:
 
-- ``predict(x)``: the posterior predictive (:func:`~pyrobnn.predictive.predict_draws`), the
+- ``predict(x)``: the posterior predictive (:func:`~pyrobnn.infer.predictive.predict_draws`), the
   mixture over all draws;
-- ``to_arviz(x, y)``: an ``arviz.InferenceData`` (:func:`pyrobnn.diagnostics.inference_data`);
+- ``to_arviz(x, y)``: an ``arviz.InferenceData`` (:func:`pyrobnn.infer.diagnostics.inference_data`);
 - ``as_draws()``: itself, or a subset of its draws;
 - ``save(path)`` / ``Posterior.load(path, model)``: one file written atomically and read with
   ``torch.load(weights_only=True)``; the model's structure is recorded and a model that differs is
@@ -30,43 +30,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pyrobnn.infer.result import FAMILIES, STATS, Result, check_stats
-from pyrobnn.validation import check_positive_int
+from pyrobnn.infer.diagnostics import between_chain_rhat, inference_data, within_chain_rhat
+from pyrobnn.infer.predictive import predict_draws
+from pyrobnn.infer.result import FAMILIES, STATS, Result, check_stats, check_structure, describe_settings, evenly_spaced, plain, structure
+from pyrobnn.utils.io import atomic_save, safe_load
+from pyrobnn.utils.validation import check_positive_int
 
-__all__ = ["Posterior", "STATS", "FAMILIES", "structure", "check_structure", "load_posterior", "evenly_spaced", "FORMAT"]
+__all__ = ["Posterior", "FORMAT"]
 
 FORMAT = "pyrobnn-posterior"
 VERSION = 1
-
-
-def structure(model) -> dict:
-    """What a saved posterior must match in a model: the classes of its network and likelihood,
-    its weight sites with their shapes, and its latent likelihood sites."""
-    return {
-        "net": type(model.net).__name__,
-        "likelihood": type(model.likelihood).__name__,
-        "sites": [[s.name, list(s.shape)] for s in model.sites],
-        "latent_sites": list(model.likelihood.latent_sites()),
-    }
-
-
-def check_structure(saved: dict, model, path) -> None:
-    """Refuse ``model`` where it differs from the ``saved`` structure, naming what differs."""
-    current = structure(model)
-    for key, what in (("net", "a network of type"), ("likelihood", "a likelihood of type")):
-        if saved.get(key) != current[key]:
-            raise ValueError(f"{path} was saved for {what} {saved.get(key)}; this model has {current[key]}")
-    if saved.get("sites") != current["sites"]:
-        theirs = {n: s for n, s in saved.get("sites", [])}
-        ours = {n: s for n, s in current["sites"]}
-        diff = sorted(set(theirs) ^ set(ours)) or [n for n in ours if theirs.get(n) != ours[n]]
-        name = diff[0] if diff else None
-        raise ValueError(
-            f"{path} was saved for other weight sites: site {name!r} is {theirs.get(name, 'absent')} there "
-            f"and {ours.get(name, 'absent')} in this model"
-        )
-    if saved.get("latent_sites") != current["latent_sites"]:
-        raise ValueError(f"{path} was saved for the latent sites {saved.get('latent_sites')}; this model has {current['latent_sites']}")
 
 
 _KINDS: dict = {}
@@ -129,11 +102,9 @@ class Posterior(Result):
 
     # -- verbs -------------------------------------------------------------------------------
     def predict(self, x, num_samples=None, *, seed=None, batch_size=None, sample_batch_size=None):
-        """The posterior predictive at ``x`` (:func:`~pyrobnn.predictive.predict_draws`): the
+        """The posterior predictive at ``x`` (:func:`~pyrobnn.infer.predictive.predict_draws`): the
         equal-weight mixture over all draws, or over ``num_samples`` of them spread evenly over
         the chains. ``seed`` is accepted for the protocol: stored draws need no randomness."""
-        from pyrobnn.predictive import predict_draws
-
         model = self._require_model("predict")
         return predict_draws(model, self.flat_samples(), x, num_samples, batch_size=batch_size, sample_batch_size=sample_batch_size)
 
@@ -150,12 +121,10 @@ class Posterior(Result):
         return Posterior(samples, stats, self.seconds, self.method, self.family, self.settings, self.model)
 
     def to_arviz(self, x, y=None, *, num_samples=None, seed=None, observed: bool = True):
-        """An ``arviz.InferenceData`` (:func:`pyrobnn.diagnostics.inference_data`): the sites and
+        """An ``arviz.InferenceData`` (:func:`pyrobnn.infer.diagnostics.inference_data`): the sites and
         the network's output at ``x`` per chain and draw (``num_samples`` of them, default all),
         simulated targets, and with ``y`` the pointwise log-likelihood (for ``az.loo``) and the
         observed data; the sampler's per-draw statistics in ``sample_stats``."""
-        from pyrobnn.diagnostics import inference_data
-
         return inference_data(self._require_model("to_arviz"), self.as_draws(num_samples), x, y, observed)
 
     def _extra_state(self) -> dict:
@@ -169,8 +138,6 @@ class Posterior(Result):
     def save(self, path) -> None:
         """Write the posterior to ``path`` atomically (a temporary file renamed over it), as
         tensors and plain values that ``torch.load(weights_only=True)`` reads."""
-        from pyrobnn.io import atomic_save
-
         model = self._require_model("save")
         stats = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in self.stats.items()}
         atomic_save(
@@ -195,8 +162,6 @@ class Posterior(Result):
         """Read a posterior written by :meth:`save` for ``model``: the file must hold a
         posterior (of this class or a subclass of it) saved for a model of the same structure
         (:func:`structure`); the draws are moved to the model's device."""
-        from pyrobnn.io import safe_load
-
         obj = safe_load(path, map_location)
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ValueError(f"{path} is not a saved pyrobnn posterior")
@@ -260,8 +225,6 @@ class Posterior(Result):
             out.append(f"divergent transitions: {self.num_divergences} of {self.num_chains * self.num_draws}")
         energy = self.stats.get("energy")
         if self.family in ("mcmc", "sgmcmc") and isinstance(energy, torch.Tensor) and energy.shape[1] >= 8:
-            from pyrobnn.diagnostics import between_chain_rhat, within_chain_rhat
-
             within = within_chain_rhat(energy)
             out.append(f"within-chain split R-hat of the log density: worst {np.nanmax(within):.3f} (per chain {np.round(within, 3).tolist()})")
             if self.num_chains > 1:
@@ -272,60 +235,3 @@ class Posterior(Result):
         if self.family == "sgmcmc":
             out.append("no Metropolis correction: the draws carry a step-size bias")
         return out
-
-
-def describe_settings(settings: dict) -> str:
-    """``settings`` in one line: a tensor by its shape, a posterior by its kind, long values cut."""
-
-    def short(v):
-        if isinstance(v, torch.Tensor):
-            return f"tensor{tuple(v.shape)}"
-        if isinstance(v, Posterior):
-            return f"{type(v).__name__}({v.method}, {v.num_chains} chains)"
-        text = repr(v)
-        return text if len(text) <= 60 else text[:57] + "..."
-
-    return ", ".join(f"{k}={short(v)}" for k, v in settings.items())
-
-
-def plain(value):
-    """``value`` with anything that is not a tensor, number, string or container of them
-    replaced by a short description (the settings may hold an ensemble given as ``init``), tuples
-    as lists: the settings as a result keeps and saves them."""
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, Posterior):
-        return f"{type(value).__name__} ({value.method}, {value.num_chains} chains)"
-    return f"{type(value).__name__}"
-
-
-def load_posterior(path, model, guide=None, map_location=None) -> Result:
-    """Read any saved result for ``model``: a :class:`Posterior` (or subclass) written by its
-    ``save``, or a trained guide written by ``VariationalPosterior.save`` (or :func:`pyrobnn.save`),
-    which comes back as a :class:`~pyrobnn.infer.variational.VariationalPosterior` with its guide
-    rebuilt from the saved class and settings (or loaded into ``guide`` where one is given)."""
-    from pyrobnn.io import FORMAT as GUIDE_FORMAT, safe_load
-
-    obj = safe_load(path, map_location)
-    fmt = obj.get("format") if isinstance(obj, dict) else None
-    if fmt == FORMAT:
-        return Posterior.load(path, model, map_location)
-    if fmt == GUIDE_FORMAT:
-        from pyrobnn.infer.variational import VariationalPosterior
-
-        return VariationalPosterior.load(path, model, map_location, guide=guide)
-    raise ValueError(f"{path} is not a saved pyrobnn posterior or guide")
-
-
-def evenly_spaced(available: int, wanted: int) -> torch.Tensor:
-    """``wanted`` indices spread evenly over ``range(available)`` (all draws when ``wanted`` is
-    at least ``available``): a subset of a posterior's flattened draws that covers every chain."""
-    if wanted >= available:
-        return torch.arange(available)
-    return torch.linspace(0, available - 1, wanted, dtype=torch.float64).round().long()

@@ -3,15 +3,15 @@ r"""The result protocol: what every method returns, and what every consumer take
 Every registered method (:mod:`pyrobnn.methods`) returns a :class:`Result`: draws of a
 :class:`~pyrobnn.models.BayesianModel`'s latent sites (:class:`~pyrobnn.infer.posterior.Posterior`
 and its subclasses: samplers, ensembles, Laplace, SWAG) or a trained guide that draws them on
-demand (:class:`~pyrobnn.infer.variational.VariationalPosterior`: SVI, IVON). Both answer the same
+demand (:class:`~pyrobnn.infer.svi.variational.VariationalPosterior`: SVI, IVON). Both answer the same
 verbs with the same signatures:
 
 - ``predict(x, num_samples=None, *, seed=None, batch_size=None)``: the posterior predictive
-  (a :class:`~pyrobnn.predictions.RegressionPrediction` or
-  :class:`~pyrobnn.predictions.ClassificationPrediction`); ``num_samples=None`` uses the
+  (a :class:`~pyrobnn.evaluation.predictions.RegressionPrediction` or
+  :class:`~pyrobnn.evaluation.predictions.ClassificationPrediction`); ``num_samples=None`` uses the
   result's own draws: all draws of a sample-based result, ``num_draws`` fresh draws of a guide;
   ``batch_size`` bounds the points per pass (default: chosen from the memory budget,
-  :mod:`pyrobnn.memory`);
+  :mod:`pyrobnn.utils.memory`);
 - ``to_arviz(x, y=None)``: an ``arviz.InferenceData``;
 - ``save(path)`` and ``load(path, model)``: one file, written atomically, read with
   ``torch.load(weights_only=True)`` into a model of the same structure; nothing else is needed
@@ -24,8 +24,8 @@ verbs with the same signatures:
 and carry ``family`` (a :data:`FAMILIES` key), ``method`` (a label), ``settings`` (how it was
 made: plain numbers, strings, tensors and lists or dicts of them, an object given as an argument
 recorded by its description, so a reloaded result has the same settings), ``stats`` (what the method recorded, in the :data:`STATS` schema), ``seconds`` and
-``model``. Consumers (:func:`pyrobnn.predict`, :mod:`pyrobnn.diagnostics`,
-:mod:`pyrobnn.compare`) dispatch on ``isinstance(result, Result)``, never on attribute checks.
+``model``. Consumers (:func:`pyrobnn.predict`, :mod:`pyrobnn.infer.diagnostics`,
+:mod:`pyrobnn.apps.compare`) dispatch on ``isinstance(result, Result)``, never on attribute checks.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import abc
 
 import torch
 
-__all__ = ["Result", "STATS", "FAMILIES", "check_stats"]
+__all__ = ["Result", "STATS", "FAMILIES", "check_stats", "plain", "describe_settings", "describe_result", "structure", "check_structure", "evenly_spaced"]
 
 #: What a result's ``stats`` may hold, and in which shape: ``"draw"`` values are
 #: ``(chains, draws, ...)``, ``"chain"`` values ``(chains, ...)`` and ``"run"`` values describe
@@ -135,3 +135,78 @@ class Result(abc.ABC):
     def as_draws(self, num_samples=None, *, seed=None):
         """The result as draws of every latent site, a
         :class:`~pyrobnn.infer.posterior.Posterior`."""
+
+
+def structure(model) -> dict:
+    """What a saved posterior must match in a model: the classes of its network and likelihood,
+    its weight sites with their shapes, and its latent likelihood sites."""
+    return {
+        "net": type(model.net).__name__,
+        "likelihood": type(model.likelihood).__name__,
+        "sites": [[s.name, list(s.shape)] for s in model.sites],
+        "latent_sites": list(model.likelihood.latent_sites()),
+    }
+
+
+def check_structure(saved: dict, model, path) -> None:
+    """Refuse ``model`` where it differs from the ``saved`` structure, naming what differs."""
+    current = structure(model)
+    for key, what in (("net", "a network of type"), ("likelihood", "a likelihood of type")):
+        if saved.get(key) != current[key]:
+            raise ValueError(f"{path} was saved for {what} {saved.get(key)}; this model has {current[key]}")
+    if saved.get("sites") != current["sites"]:
+        theirs = {n: s for n, s in saved.get("sites", [])}
+        ours = {n: s for n, s in current["sites"]}
+        diff = sorted(set(theirs) ^ set(ours)) or [n for n in ours if theirs.get(n) != ours[n]]
+        name = diff[0] if diff else None
+        raise ValueError(
+            f"{path} was saved for other weight sites: site {name!r} is {theirs.get(name, 'absent')} there "
+            f"and {ours.get(name, 'absent')} in this model"
+        )
+    if saved.get("latent_sites") != current["latent_sites"]:
+        raise ValueError(f"{path} was saved for the latent sites {saved.get('latent_sites')}; this model has {current['latent_sites']}")
+
+
+def describe_result(result) -> str:
+    """A result in a few words: its kind, its method and, for draws, its chains."""
+    chains = getattr(result, "num_chains", None)
+    return f"{type(result).__name__}({result.method}" + (f", {chains} chains)" if chains is not None else ")")
+
+
+def describe_settings(settings: dict) -> str:
+    """``settings`` in one line: a tensor by its shape, a posterior by its kind, long values cut."""
+
+    def short(v):
+        if isinstance(v, torch.Tensor):
+            return f"tensor{tuple(v.shape)}"
+        if isinstance(v, Result):
+            return describe_result(v)
+        text = repr(v)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    return ", ".join(f"{k}={short(v)}" for k, v in settings.items())
+
+
+def plain(value):
+    """``value`` with anything that is not a tensor, number, string or container of them
+    replaced by a short description (the settings may hold an ensemble given as ``init``), tuples
+    as lists: the settings as a result keeps and saves them."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Result):
+        return describe_result(value)
+    return f"{type(value).__name__}"
+
+
+def evenly_spaced(available: int, wanted: int) -> torch.Tensor:
+    """``wanted`` indices spread evenly over ``range(available)`` (all draws when ``wanted`` is
+    at least ``available``): a subset of a posterior's flattened draws that covers every chain."""
+    if wanted >= available:
+        return torch.arange(available)
+    return torch.linspace(0, available - 1, wanted, dtype=torch.float64).round().long()

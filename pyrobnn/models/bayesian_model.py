@@ -10,12 +10,12 @@ import pyro
 import torch
 from torch import nn
 
-from pyrobnn.likelihoods import Likelihood
+from pyrobnn.models.likelihoods import Likelihood
 from pyrobnn.models.functional import call_with_weights
 from pyrobnn.models.sites import DEFAULT_EXCLUDE, select_sites
-from pyrobnn.params import call_substituted, pyro_params
-from pyrobnn.priors import NormalPrior, Prior
-from pyrobnn.validation import FiniteOnce, as_tensor, check_inputs, expected_input
+from pyrobnn.models.params import call_substituted, pyro_params
+from pyrobnn.models.priors import NormalPrior, Prior
+from pyrobnn.utils.validation import FiniteOnce, as_tensor, check_inputs, expected_input
 
 __all__ = ["BayesianModel"]
 
@@ -46,10 +46,10 @@ class BayesianModel(nn.Module):
 
     :param net: the network; it is used as is (not copied) and its random parameters keep
         their initial values, which guides read to initialize their means.
-    :param likelihood: a :class:`~pyrobnn.likelihoods.Likelihood`.
-    :param prior: a :class:`~pyrobnn.priors.Prior` for every random parameter, or a dict
+    :param likelihood: a :class:`~pyrobnn.models.likelihoods.Likelihood`.
+    :param prior: a :class:`~pyrobnn.models.priors.Prior` for every random parameter, or a dict
         from glob patterns over site names to priors (the first matching pattern wins).
-        Default :class:`~pyrobnn.priors.NormalPrior` with scale 1.
+        Default :class:`~pyrobnn.models.priors.NormalPrior` with scale 1.
     :param random: which parameters are random; see :func:`~pyrobnn.models.sites.select_sites`
         (``"all"``, ``"weights"``, ``"last_layer"``, modules, types, names, or a callable).
     :param exclude: module types kept deterministic by default (normalization layers).
@@ -158,7 +158,7 @@ class BayesianModel(nn.Module):
     def forward(self, x, y=None, dataset_size=None):
         """Sample weights from the prior, run the network, observe ``y``; return the output.
         NaN or infinite values in ``x`` or ``y`` are refused (a ``ValueError``), checked once
-        per tensor object (:class:`~pyrobnn.validation.FiniteOnce`).
+        per tensor object (:class:`~pyrobnn.utils.validation.FiniteOnce`).
 
         :param x: a batch of inputs (a tensor, or a NumPy array: a floating one is converted to
             the model's dtype).

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from pyrobnn.estimators import SUPPORTED_LAYERS, apply_layer, estimator_active
+from pyrobnn.models.estimators import SUPPORTED_LAYERS, apply_layer, estimator_active
 from pyrobnn.models.rational_tanh import tanh_for
 
 __all__ = ["swap_parameters", "route_layers", "sample_shape_of", "call_with_weights"]
@@ -55,7 +55,7 @@ class swap_parameters:
 
 class route_layers:
     """Context manager that sends each random layer's forward through the
-    ``"pyrobnn_layer"`` effect (see :mod:`pyrobnn.estimators`), by giving the module
+    ``"pyrobnn_layer"`` effect (see :mod:`pyrobnn.models.estimators`), by giving the module
     instance its own ``forward`` for the duration. Only the model's own modules change;
     nothing global is patched."""
 

@@ -3,7 +3,6 @@
 :mod:`.native`, ``torch.compile`` or eager torch), the one model-level runner (:mod:`.runner`)
 and the samplers as methods (:mod:`.samplers`)."""
 
-from pyrobnn.infer.mcmc.runner import initial_positions
-from pyrobnn.infer.mcmc.samplers import ensemble_sampling, mclmc, nuts, pyro_nuts
+from pyrobnn.infer.mcmc.samplers import mclmc, nuts, pyro_nuts
 
-__all__ = ["nuts", "mclmc", "pyro_nuts", "ensemble_sampling", "initial_positions"]
+__all__ = ["nuts", "mclmc", "pyro_nuts"]

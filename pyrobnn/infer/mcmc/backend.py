@@ -99,7 +99,7 @@ def _native(potential, why) -> ExecutionPath:
 
 def choose_path(potential, z0, backend: str, sampler: str, evaluations: int, bound: bool = False) -> ExecutionPath:
     """The backend for a run of ``sampler`` (``"NUTS"`` or ``"MCLMC"``) of ``potential`` (a
-    :class:`~pyrobnn.infer.potential.FlatPotential` holding its data) from ``z0``, making
+    :class:`~pyrobnn.infer.core.potential.FlatPotential` holding its data) from ``z0``, making
     ``evaluations`` gradient evaluations per chain (``bound``: at most that many), by the rule of
     the module docstring. ``backend`` comes from :func:`resolve_backend`."""
     if backend == "eager":

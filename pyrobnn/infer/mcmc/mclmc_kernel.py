@@ -63,15 +63,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pyrobnn.progress import tqdm
+from pyrobnn.utils.progress import tqdm
+from pyrobnn.infer.core.integrators import MCLACHLAN_B1, esh_velocity_update, partial_refresh, unit_vector
 from pyrobnn.infer.mcmc.autocorrelation import MIN_ESS_DRAWS, effective_sample_size
-from pyrobnn.runtime import compiled, raised_recompile_limits
+from pyrobnn.utils.runtime import compiled, raised_recompile_limits
 
-__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "esh_velocity_update", "unit_vector", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc", "MCLACHLAN_B1"]
-
-#: McLachlan's minimal-norm coefficient (McLachlan 1995; Omelyan et al. 2003)
-MCLACHLAN_B1 = 0.1931833275037836
-
+__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc"]
 
 @dataclass
 class MCLMCState:
@@ -91,10 +88,6 @@ class MCLMCTuning:
     inv_mass: torch.Tensor
 
 
-def unit_vector(v):
-    return v / v.norm(dim=-1, keepdim=True).clamp_min(1e-13)
-
-
 def mclmc_init(potential, z, generator=None) -> MCLMCState:
     """The state at positions ``z``: energies, gradients and uniformly random unit velocities."""
     if z.shape[-1] < 2:
@@ -102,27 +95,6 @@ def mclmc_init(potential, z, generator=None) -> MCLMCState:
     energy, grad = potential(z)
     u = unit_vector(torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device))
     return MCLMCState(z, u, energy, grad)
-
-
-def esh_velocity_update(u, grad, eps, sqrt_inv_mass):
-    """ESH velocity update by ``eps`` (``(C, 1)``) along ``-grad U``; returns ``(u', dK)``."""
-    d = u.shape[-1]
-    g = -grad * sqrt_inv_mass
-    g_norm = g.norm(dim=-1, keepdim=True)
-    e = g / g_norm.clamp_min(1e-13)
-    ue = (u * e).sum(-1, keepdim=True)
-    delta = eps * g_norm / (d - 1)
-    zeta = torch.exp(-delta)
-    u_new = unit_vector(e * (1 - zeta) * (1 + zeta + ue * (1 - zeta)) + 2 * zeta * u)
-    d_kinetic = (delta - math.log(2.0) + torch.log(1 + ue + (1 - ue) * zeta * zeta)) * (d - 1)
-    return u_new, d_kinetic.squeeze(-1)
-
-
-def _refresh(u, eps, L, noise):
-    """Partial velocity refresh over a time ``eps`` (``(C, 1)``) with decoherence length ``L``."""
-    d = u.shape[-1]
-    nu = torch.sqrt(torch.expm1(2 * eps / L) / d)
-    return unit_vector(u + nu * noise)
 
 
 def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise):
@@ -136,7 +108,7 @@ def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise
     """
     eps = step_size.unsqueeze(-1)
     L_ = L.unsqueeze(-1)
-    u1 = _refresh(u, 0.5 * eps, L_, noise[0])
+    u1 = partial_refresh(u, 0.5 * eps, L_, noise[0])
     u2, dk1 = esh_velocity_update(u1, grad, MCLACHLAN_B1 * eps, sqrt_inv_mass)
     z2 = z + 0.5 * eps * sqrt_inv_mass * u2
     e2, g2 = potential(z2)
@@ -144,7 +116,7 @@ def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise
     z3 = z2 + 0.5 * eps * sqrt_inv_mass * u3
     e3, g3 = potential(z3)
     u4, dk3 = esh_velocity_update(u3, g3, MCLACHLAN_B1 * eps, sqrt_inv_mass)
-    u5 = _refresh(u4, 0.5 * eps, L_, noise[1])
+    u5 = partial_refresh(u4, 0.5 * eps, L_, noise[1])
     d_energy = dk1 + dk2 + dk3 + e3 - energy
     finite = torch.isfinite(d_energy) & torch.isfinite(z3).all(-1) & torch.isfinite(g3).all(-1) & torch.isfinite(u5).all(-1)
     keep = finite.unsqueeze(-1)
@@ -333,7 +305,7 @@ def sample_mclmc(
 
     :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``: each step runs
         in its native code, on the same noise (``compile`` is then not used).
-    :param checkpoint: a :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`: the run starts
+    :param checkpoint: a :class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint`: the run starts
         from its saved state if there is one and writes its state when due (never inside phase
         3) and at the end.
 

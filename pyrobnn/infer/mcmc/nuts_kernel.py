@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pyrobnn.progress import tqdm
-from pyrobnn.runtime import compiled, raised_recompile_limits
+from pyrobnn.infer.core.integrators import kinetic_energy, leapfrog
+from pyrobnn.utils.progress import tqdm
+from pyrobnn.utils.runtime import compiled, raised_recompile_limits
 
 __all__ = [
     "NUTSState", "nuts_init", "nuts_step", "transition_uniforms", "find_step_size", "DualAveraging", "WelfordVariance", "warmup_windows",
@@ -47,19 +48,6 @@ def nuts_init(potential, z) -> NUTSState:
     warm-up, as in BlackJAX)."""
     energy, grad = potential(z)
     return NUTSState(z, energy, grad)
-
-
-def _kinetic(r, inv_mass):
-    return 0.5 * (r * r * inv_mass).sum(-1)
-
-
-def _leapfrog(potential, z, r, grad, step, inv_mass):
-    # step: (C, 1), signed by the direction
-    r = r - 0.5 * step * grad
-    z = z + step * inv_mass * r
-    energy, grad = potential(z)
-    r = r - 0.5 * step * grad
-    return z, r, energy, grad
 
 
 def _is_turning(inv_mass, r_left, r_right, r_sum):
@@ -89,8 +77,8 @@ def _leaf(
     """One leaf of a subtree for every chain: a leapfrog step, multinomial sampling within the
     subtree, and the U-turn checks of the sub-subtrees the leaf completes (``check_slots``, a
     mask over the checkpoints). Chains with ``active`` false are left unchanged."""
-    z_new, r_new, u_new, g_new = _leapfrog(potential, z, r, g, step, inv_mass)
-    delta = u_new + _kinetic(r_new, inv_mass) - h0
+    z_new, r_new, u_new, g_new = leapfrog(potential, z, r, g, step, inv_mass)
+    delta = u_new + kinetic_energy(r_new, inv_mass) - h0
     delta = torch.where(torch.isnan(delta), torch.full_like(delta, math.inf), delta)
     divergent = delta > MAX_DELTA_ENERGY
     accept_sum = accept_sum + torch.where(active, torch.exp(torch.clamp(-delta, max=0.0)), 0.0)
@@ -225,7 +213,7 @@ def nuts_step(potential, state: NUTSState, step_size, inv_mass, max_tree_depth: 
         return NUTSState(z, u, g), stats
     if double is None:
         double = functools.partial(_double, potential, _eager_while_loop)
-    h0 = u0 + _kinetic(r0, inv_mass)
+    h0 = u0 + kinetic_energy(r0, inv_mass)
     step = step_size.reshape(chains, 1)
     check_table, store_table = _checkpoint_tables(max_tree_depth, device)
     log_u = torch.zeros(check_table.shape[0], chains, dtype=dtype, device=device)  # rows past 2**j unread
@@ -264,9 +252,9 @@ def find_step_size(potential, state, inv_mass, initial=1.0, generator=None):
 
     def log_accept(step):
         r = torch.randn(chains, dim, generator=generator, dtype=state.z.dtype, device=state.z.device) / inv_mass.sqrt()
-        h0 = state.energy + _kinetic(r, inv_mass)
-        _, r1, u1, _ = _leapfrog(potential, state.z, r, state.grad, step.reshape(chains, 1), inv_mass)
-        d = h0 - (u1 + _kinetic(r1, inv_mass))
+        h0 = state.energy + kinetic_energy(r, inv_mass)
+        _, r1, u1, _ = leapfrog(potential, state.z, r, state.grad, step.reshape(chains, 1), inv_mass)
+        d = h0 - (u1 + kinetic_energy(r1, inv_mass))
         return torch.where(torch.isnan(d), torch.full_like(d, -math.inf), d)
 
     direction = torch.where(log_accept(step) > math.log(0.5), 1.0, -1.0).to(step.dtype)
@@ -418,7 +406,7 @@ def sample_nuts(
         leaves runs in compiled code: one call and one host sync per doubling, not per leaf.
         On a 1-50-1 network at 4 chains that is about 3x less time per leaf than a compiled
         call per leaf, and a few seconds of compilation (``docs/logs/benchmarks.md``).
-    :param checkpoint: a :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`: the run starts
+    :param checkpoint: a :class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint`: the run starts
         from its saved state if there is one, and writes its state (the chains, the warm-up's
         adaptation, the random generator, the draws so far) when due and at the end."""
     chains, dim = z_init.shape

@@ -1,11 +1,11 @@
 """The model-level sampler runner: what every full-batch sampler of a BayesianModel shares.
 
 :func:`run_sampler` checks the model and data once, builds the flat potential
-(:class:`~pyrobnn.infer.potential.FlatPotential`) and the starting positions
+(:class:`~pyrobnn.infer.core.potential.FlatPotential`) and the starting positions
 (:func:`initial_positions`), takes the backend that runs the kernel by the rule of
 :mod:`pyrobnn.infer.mcmc.backend`, runs the kernel without gradients and unpacks the draws into
 a :class:`~pyrobnn.infer.posterior.Posterior`. :func:`run_in_process_groups` splits the chains
-over processes (:mod:`pyrobnn.infer.processes`) and joins their posteriors.
+over processes (:mod:`pyrobnn.infer.core.processes`) and joins their posteriors.
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ import warnings
 import pyro
 import torch
 
-from pyrobnn import memory
-from pyrobnn.infer.checkpoints import RunCheckpoint
+from pyrobnn.utils import memory
+from pyrobnn.infer.core.checkpoints import RunCheckpoint
 from pyrobnn.infer.mcmc import native as native_kernels
 from pyrobnn.infer.mcmc.backend import ExecutionPath, choose_path
 from pyrobnn.infer.posterior import Posterior
-from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
-from pyrobnn.validation import check_positive_int, validate_training_data
+from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.starts import initial_positions
+from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
+from pyrobnn.utils.validation import check_positive_int, validate_training_data
 
-__all__ = ["run_sampler", "run_in_process_groups", "initial_positions", "energies", "label"]
+__all__ = ["run_sampler", "run_in_process_groups", "energies", "label"]
 
 
 def label(name: str, init) -> str:
@@ -45,7 +46,7 @@ def run_sampler(
     at every draw and the backend in the stats.
 
     :param checkpoint: ``(path, every, seconds)`` or ``None``: the run's
-        :class:`~pyrobnn.infer.checkpoints.RunCheckpoint`, whose identity is the sampler, its
+        :class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint`, whose identity is the sampler, its
         ``settings``, the data, the starting positions and the model's structure.
     """
     x, y = validate_training_data(model, x, y)
@@ -140,32 +141,11 @@ def run_in_process_groups(
     return Posterior(samples, stats, seconds, label(name, init), "mcmc", with_chain_count(settings, z0.shape[0]), model)
 
 
-def initial_positions(potential, init, num_chains, init_radius, generator):
-    """Unconstrained starting positions ``(chains, dim)``: uniform on ``[-init_radius,
-    init_radius]`` (``init=None``), or from ``init`` (a :class:`~pyrobnn.infer.posterior.Posterior`:
-    the last draw of each chain, so one chain per ensemble member; or a tensor)."""
-    if init is None:
-        if not isinstance(num_chains, int) or num_chains < 1:
-            raise ValueError(f"num_chains must be a positive integer, got {num_chains!r}")
-        return potential.initial(num_chains, init_radius, generator)
-    if isinstance(init, Posterior):
-        z = potential.pack({k: v[:, -1] for k, v in init.samples.items()})
-    elif isinstance(init, torch.Tensor):
-        z = init
-    else:
-        raise TypeError(f"init must be a Posterior (a deep ensemble, or a sampler's result: its last draws) or a tensor, got {type(init).__name__}")
-    if z.dim() != 2 or z.shape[1] != potential.dim:
-        raise ValueError(f"init must hold positions of shape (chains, {potential.dim}), got {tuple(z.shape)}")
-    if not torch.isfinite(z).all():
-        raise ValueError("init holds non-finite positions")
-    return z.detach().to(dtype=potential.model.dtype, device=potential.model.device).clone()
-
-
 @torch.no_grad()
 def energies(potential, draws):
     """The potential at every draw, ``(chains, draws)``: the log-density trace that tells a
     chain still climbing from one that is stationary. As many draws go through at once as the
-    memory budget allows over the full data (:mod:`pyrobnn.memory`)."""
+    memory budget allows over the full data (:mod:`pyrobnn.utils.memory`)."""
     chains, n, dim = draws.shape
     if n == 0:
         return draws.new_zeros(chains, 0)

@@ -16,19 +16,18 @@ from pyrobnn.infer.mcmc.backend import resolve_backend
 from pyrobnn.infer.mcmc.mclmc_kernel import sample_mclmc
 from pyrobnn.infer.mcmc.nuts_kernel import sample_nuts
 from pyrobnn.infer.mcmc.runner import run_in_process_groups, run_sampler
-from pyrobnn.infer.moved import data_then_keywords
 from pyrobnn.infer.posterior import Posterior
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.validation import check_positive_number, validate_training_data
+from pyrobnn.utils.validation import check_positive_number, validate_training_data
 
-__all__ = ["nuts", "mclmc", "pyro_nuts", "ensemble_sampling"]
+__all__ = ["nuts", "mclmc", "pyro_nuts"]
 
 
-@data_then_keywords
 def nuts(
     model,
     x,
     y,
+    *,
     num_samples: int = 500,
     num_warmup: int = 500,
     num_chains: int = 4,
@@ -47,7 +46,7 @@ def nuts(
 ) -> Posterior:
     """NUTS for ``model`` conditioned on ``(x, y)``, all chains in one batched computation.
 
-    The potential and its gradient come from :class:`~pyrobnn.infer.potential.FlatPotential`
+    The potential and its gradient come from :class:`~pyrobnn.infer.core.potential.FlatPotential`
     (one vmapped network pass for all chains, no Pyro tracing), and the sampler from
     :func:`~pyrobnn.infer.mcmc.nuts_kernel.sample_nuts` (multinomial NUTS, Stan's warm-up, per-chain step
     sizes and diagonal mass matrices). Chains start from uniform draws on
@@ -77,7 +76,7 @@ def nuts(
     :param compile: deprecated: ``True`` for the native kernels where they apply, else
         ``torch.compile``; ``False`` for ``backend="eager"``.
     :param num_processes: split the chains into this many groups, each run in its own process
-        (:mod:`pyrobnn.infer.processes`): a group no longer waits for another group's longest
+        (:mod:`pyrobnn.infer.core.processes`): a group no longer waits for another group's longest
         trajectory, and each uses its own core. Group ``i`` draws from the seed ``seed + i``
         (the starting positions are drawn here from ``seed``, so they do not change). The native
         kernels are built here first, so the processes load them instead of building their own.
@@ -85,7 +84,7 @@ def nuts(
         the random generator and the draws so far), every ``checkpoint_every`` transitions or
         ``checkpoint_seconds`` seconds and at the end. The same call with the same file resumes
         from it and gives the uninterrupted run's draws (on the same code path;
-        :mod:`pyrobnn.infer.checkpoints`); with ``num_processes``, group ``i`` of ``k`` writes
+        :mod:`pyrobnn.infer.core.checkpoints`); with ``num_processes``, group ``i`` of ``k`` writes
         ``<checkpoint>.group<i>-of-<k>``.
     """
     refuse_unsupported("nuts", model)
@@ -122,15 +121,14 @@ def nuts(
     )
 
 
-@data_then_keywords
 def mclmc(
     model,
     x,
     y,
+    *,
     num_samples: int = 10_000,
     num_warmup=(40_000, 5_000, 5_000),
     num_chains: int = 4,
-    *,
     thinning: int = 10,
     step_size: float = 1e-3,
     L=None,
@@ -154,7 +152,7 @@ def mclmc(
     40,000 / 5,000 / 5,000 over the three phases, a target energy variance per dimension
     scheduled from 0.5 to 0.1, initial step size ``1e-3`` and ``L = max(sqrt(d), 15)``, then
     ``num_samples`` steps of which every ``thinning``-th is kept. Start the chains from a deep
-    ensemble (``init=deep_ensemble(...)``; :func:`pyrobnn.infer.mcmc.samplers.ensemble_sampling` does
+    ensemble (``init=deep_ensemble(...)``; :func:`pyrobnn.infer.ensemble_sampling.ensemble_sampling` does
     both), as MILE does: from random starts the chains spend their tuning climbing.
 
     :param num_warmup: the steps of the three tuning phases, or one number split 80/10/10 (a
@@ -219,11 +217,11 @@ def mclmc(
     )
 
 
-@data_then_keywords
 def pyro_nuts(
     model,
     x,
     y,
+    *,
     num_samples: int = 500,
     num_warmup: int = 500,
     num_chains: int = 1,
@@ -267,37 +265,6 @@ def pyro_nuts(
     return Posterior(samples, {"diverging": torch.stack(stats["diverging"])}, seconds, "pyro NUTS", "mcmc", settings, model)
 
 
-@data_then_keywords
-def ensemble_sampling(model, x, y, ensemble: Posterior = None, sampler: str = "mclmc", *, ensemble_options=None, **kwargs) -> Posterior:
-    """Ensemble-initialized sampling (Sommer et al. 2024, ICML; MILE, Sommer et al. 2025, ICLR):
-    one chain per member of ``ensemble`` (:func:`pyrobnn.deep_ensemble`; trained here with
-    ``ensemble_options`` when not given, the ``seed`` shared), run by ``sampler`` (``"mclmc"``:
-    :func:`mclmc` with MILE's settings by default; ``"nuts"``: :func:`nuts`, MILE's baseline
-    uses ``num_warmup=100, num_samples=1000``; ``"smile"``: the minibatch sampler
-    :func:`pyrobnn.smile`, SMILE's ensemble); ``kwargs`` go to the sampler. The chains sit in
-    different regions by design: judge each one on its own
-    (:func:`pyrobnn.diagnostics.within_chain_summary`, or the result's ``summary()``)."""
-    refuse_unsupported("ensemble_sampling", model)
-    if sampler not in ("mclmc", "nuts", "smile"):
-        raise ValueError(f"sampler must be 'mclmc', 'nuts' or 'smile', got {sampler!r}")
-    if ensemble is None:
-        from pyrobnn.infer.modes.ensemble import deep_ensemble
-
-        options = {"seed": kwargs.get("seed", 0), "progress": kwargs.get("progress", True), **(ensemble_options or {})}
-        ensemble = deep_ensemble(model, x, y, **options)
-    elif ensemble_options is not None:
-        raise ValueError("give ensemble= or ensemble_options= (to train one here), not both")
-    if not isinstance(ensemble, Posterior):
-        raise TypeError(f"ensemble_sampling needs ensemble=deep_ensemble(...), got {type(ensemble).__name__}")
-    if sampler == "mclmc":
-        return mclmc(model, x, y, init=ensemble, **kwargs)
-    if sampler == "nuts":
-        return nuts(model, x, y, init=ensemble, **kwargs)
-    from pyrobnn.infer.sgmcmc.smile import smile
-
-    return smile(model, x, y, init=ensemble, **kwargs)
-
-
 register(MethodSpec(
     "nuts", "NUTS, all chains batched (native, compiled or eager backend)", "mcmc", nuts, latent_only_support(),
     budgets={"num_samples": 1, "num_warmup": 0, "num_chains": 1, "max_tree_depth": 1},
@@ -313,10 +280,4 @@ register(MethodSpec(
     budgets={"num_samples": 4, "num_warmup": 0, "num_chains": 1, "max_tree_depth": 1},
     quick={"num_samples": 4, "num_warmup": 2, "max_tree_depth": 2, "progress": False},
     bounded_memory=False, unbounded_because="Pyro's MCMC evaluates the model on all the data at once",
-))
-register(MethodSpec(
-    "ensemble_sampling", "ensemble-initialized sampling (MILE): a chain per deep-ensemble member", "mcmc", ensemble_sampling,
-    latent_only_support(), budgets={"num_samples": 1, "num_warmup": 0},
-    quick={"sampler": "nuts", "num_samples": 3, "num_warmup": 3, "max_tree_depth": 3, "progress": False,
-           "ensemble_options": {"num_members": 2, "max_epochs": 2, "progress": False}},
 ))

@@ -2,7 +2,7 @@
 themselves, :mod:`.ensemble`), the Laplace approximation (a Gaussian at one mode from its
 curvature, :mod:`.laplace`) and SWAG (a Gaussian from SGD's iterates around one, :mod:`.swag`)."""
 
-from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble, member_initializations, train_members
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble, train_members
 from pyrobnn.infer.modes.laplace import LaplacePosterior, laplace
 from pyrobnn.infer.modes.swag import SWAGMoments, SWAGPosterior, swag, swag_moments
 

@@ -5,7 +5,7 @@ A deep ensemble (Lakshminarayanan, Pritzel & Blundell 2017) is :math:`K` copies 
 trained from independent initializations; its predictive is the equal-weight mixture
 :math:`\frac1K \sum_k p(y \mid x, w_k)`. Here the members are the rows of one ``(K, dim)``
 tensor of the model's latent sites (in the unconstrained space of
-:class:`~pyrobnn.infer.potential.FlatPotential`) and every step is one vmapped pass of the
+:class:`~pyrobnn.infer.core.potential.FlatPotential`) and every step is one vmapped pass of the
 network over all members, not a loop over :math:`K` models. Since the loss is a sum over
 members and AdamW acts element-wise, each member follows exactly the path it would follow alone.
 
@@ -24,7 +24,6 @@ and draws.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import time
@@ -32,17 +31,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pyrobnn.progress import tqdm
-from pyrobnn.infer.checkpoints import RunCheckpoint
-from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint
-from pyrobnn.infer.moved import data_then_keywords
+from pyrobnn.utils.progress import tqdm
+from pyrobnn.infer.core.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.posterior import Posterior
-from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.infer.processes import concat_rows, run_in_processes, split_rows
+from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.starts import member_initializations
+from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.validation import check_positive_int, check_positive_number, validate_training_data
+from pyrobnn.utils.validation import check_positive_int, check_positive_number, validate_training_data
 
-__all__ = ["EnsemblePosterior", "deep_ensemble", "train_members", "member_initializations"]
+__all__ = ["EnsemblePosterior", "deep_ensemble", "train_members"]
 
 
 @dataclass
@@ -50,7 +49,7 @@ class EnsemblePosterior(Posterior):
     """A deep ensemble as posterior draws: ``samples[name]`` has shape ``(K, 1, *shape)``, one
     chain of one draw per member, so :func:`pyrobnn.predict` (the equal-weight mixture),
     ``pyro.infer.Predictive(model, posterior_samples=result.flat_samples())`` and
-    :func:`pyrobnn.diagnostics.inference_data` take it as they take MCMC draws, and the samplers
+    :func:`pyrobnn.infer.diagnostics.inference_data` take it as they take MCMC draws, and the samplers
     take it as starting positions (``init=``).
 
     ``stats`` holds per member the best validation negative log-likelihood per point
@@ -93,28 +92,6 @@ class EnsemblePosterior(Posterior):
         )
 
 
-def member_initializations(model, potential, num_members: int, seed: int = 0):
-    """``(K, dim)`` unconstrained starting points: member ``k`` re-initializes a copy of the
-    network with its modules' own ``reset_parameters`` under the seed ``seed + k`` (PyTorch's
-    default initialization, or the user's), and draws latent sites (a noise scale with a prior)
-    from their prior."""
-    rows = []
-    for k in range(num_members):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed + k)
-            net = copy.deepcopy(model.net)
-            for module in net.modules():
-                reset = getattr(module, "reset_parameters", None)
-                if callable(reset):
-                    reset()
-            params = dict(net.named_parameters())
-            values = {s.name: params[s.name].detach().unsqueeze(0) for s in model.sites}
-            for name, prior in model.likelihood.latent_sites().items():
-                values[name] = prior.sample((1,)).to(model.dtype)
-        rows.append(potential.pack(values))
-    return torch.cat(rows, 0).to(device=model.device, dtype=model.dtype)
-
-
 def train_members(
     potential,
     z_init,
@@ -140,8 +117,8 @@ def train_members(
     data, each member's validation negative log-likelihood per point is measured after each
     epoch; the member keeps its best state, and stops (its rows frozen) after ``patience``
     epochs without improvement. A non-finite step is handled by the one policy of
-    :mod:`pyrobnn.infer.minibatch` (skipped, and reported at the end of the epoch).
-    ``checkpoint``: a :class:`~pyrobnn.infer.checkpoints.RunCheckpoint` to resume from and
+    :mod:`pyrobnn.infer.core.minibatch` (skipped, and reported at the end of the epoch).
+    ``checkpoint``: a :class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint` to resume from and
     write to (once per epoch when due). Returns ``(z, stats, history)``.
     """
     if objective not in ("map", "likelihood"):
@@ -227,13 +204,12 @@ def train_members(
     return best, stats, torch.stack(history)
 
 
-@data_then_keywords
 def deep_ensemble(
     model,
     x,
     y,
-    num_members: int = 12,
     *,
+    num_members: int = 12,
     x_val=None,
     y_val=None,
     validation: float = 0.0,
@@ -263,12 +239,12 @@ def deep_ensemble(
     :param seed: member ``k`` is initialized under the seed ``seed + k``; the data order
         follows ``seed``.
     :param num_processes: train the members in this many groups, one process each
-        (:mod:`pyrobnn.infer.processes`); every member follows the path it follows in one
+        (:mod:`pyrobnn.infer.core.processes`); every member follows the path it follows in one
         process (the same initialization and data order), up to floating-point rounding.
     :param checkpoint: a file to write the training state to, every ``checkpoint_every``
         epochs or ``checkpoint_seconds`` seconds and at the end; the same call with the same
         file resumes from it and trains the members an uninterrupted run trains
-        (:mod:`pyrobnn.infer.checkpoints`). With ``num_processes``, each process writes its own
+        (:mod:`pyrobnn.infer.core.checkpoints`). With ``num_processes``, each process writes its own
         file, ``<checkpoint>.group<i>-of-<k>``.
     :returns: an :class:`EnsemblePosterior`: the members as ``(K, 1, *shape)`` draws.
 

@@ -18,10 +18,10 @@ and the linearized (GLM) predictive :math:`f(x, w) \approx f(x, \hat w) + J(x)(w
 (Immer et al. 2021) come from laplace-torch (Daxberger et al. 2021), on a deterministic copy of
 the network at the MAP; this module maps the model's priors and likelihood onto it and maps its
 weight samples back onto the model's sites, so that the result is a posterior sample container
-like NUTS's (:func:`pyrobnn.predict`, ``pyro.infer.Predictive``, :mod:`pyrobnn.diagnostics`).
+like NUTS's (:func:`pyrobnn.predict`, ``pyro.infer.Predictive``, :mod:`pyrobnn.infer.diagnostics`).
 
 Supported (its declaration in :mod:`pyrobnn.methods`): Gaussian priors
-(:class:`~pyrobnn.priors.NormalPrior`, one precision per site; the marginal likelihood can tune
+(:class:`~pyrobnn.models.priors.NormalPrior`, one precision per site; the marginal likelihood can tune
 them per site), a Gaussian likelihood with a fixed noise scale or a noise scale with a prior (held
 at its MAP value: the approximation covers the weights), a categorical likelihood, and a Bernoulli
 likelihood with one output (handed to laplace-torch as the two-class logits :math:`(0, f)`, whose
@@ -41,12 +41,13 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyrobnn import memory
+from pyrobnn.utils import memory
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
-from pyrobnn.infer.posterior import Posterior, evenly_spaced
-from pyrobnn.likelihoods import BernoulliLikelihood, GaussianLikelihood
+from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.result import evenly_spaced
+from pyrobnn.models.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from pyrobnn.methods import LATENT_ONLY, MethodSpec, Support, check_budget, refuse_unsupported, register
-from pyrobnn.validation import as_tensor, check_finite, check_forward, check_positive_int, validate_training_data
+from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, validate_training_data
 
 __all__ = ["LaplacePosterior", "laplace", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]
 
@@ -121,7 +122,7 @@ class LaplacePosterior(Posterior):
         """The posterior predictive at ``x``: the linearized (GLM) predictive by default
         (:meth:`linearized_predict`, which Daxberger et al. 2021 recommend for the Laplace
         approximation: the network itself at Gaussian weight draws underfits), or with
-        ``linearized=False`` the network at each draw (:func:`~pyrobnn.predictive.predict_draws`,
+        ``linearized=False`` the network at each draw (:func:`~pyrobnn.infer.predictive.predict_draws`,
         which takes ``sample_batch_size``). ``num_samples`` draws of the result are used, spread
         over them (``None``: all); ``batch_size`` points per pass (default: from the memory budget);
         ``seed`` is accepted for the protocol (both predictives use the stored draws)."""
@@ -144,9 +145,9 @@ class LaplacePosterior(Posterior):
         linearized network :math:`f(x, \\hat w) + J(x)(w_s - \\hat w)`, computed by forward-mode
         differentiation (one Jacobian-vector product per draw, all draws in one vmapped pass,
         never the Jacobian itself), summarized by the model's likelihood: a
-        :class:`~pyrobnn.predictions.RegressionPrediction` or a
-        :class:`~pyrobnn.predictions.ClassificationPrediction`. The points go through in chunks of
-        ``batch_size`` (default: as many as the memory budget allows, :mod:`pyrobnn.memory`)."""
+        :class:`~pyrobnn.evaluation.predictions.RegressionPrediction` or a
+        :class:`~pyrobnn.evaluation.predictions.ClassificationPrediction`. The points go through in chunks of
+        ``batch_size`` (default: as many as the memory budget allows, :mod:`pyrobnn.utils.memory`)."""
         net = self.map_net
         rows = self.num_draws if draws is None else len(draws)
         per_point = memory.activation_bytes(net, x)
@@ -283,7 +284,7 @@ def laplace(
         or ``{site: value}``; default: trained here by :func:`~pyrobnn.infer.modes.ensemble.deep_ensemble`
         with ``objective="map"`` and ``map_options`` (e.g. ``{"max_epochs": 200}``).
     :param batch_size: points per batch for the curvature (default: as many as the memory budget
-        of :mod:`pyrobnn.memory` allows a pass with gradients, at most :data:`CURVATURE_BATCH`).
+        of :mod:`pyrobnn.utils.memory` allows a pass with gradients, at most :data:`CURVATURE_BATCH`).
     """
     refuse_unsupported("laplace", model)
     if subset not in SUBSETS:

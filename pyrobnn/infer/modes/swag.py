@@ -14,7 +14,7 @@ with :math:`z_1 \sim N(0, I_d)`, :math:`z_2 \sim N(0, I_K)`.
 
 Several SWAG runs (``num_runs``, from different MAP members) batch as rows of one tensor,
 MultiSWAG (Wilson & Izmailov 2020); the draws of each run form one chain.
-Everything lives in the unconstrained space of :class:`~pyrobnn.infer.potential.FlatPotential`.
+Everything lives in the unconstrained space of :class:`~pyrobnn.infer.core.potential.FlatPotential`.
 The network is evaluated as by every method that builds a potential (:data:`pyrobnn.methods.NETWORK_EVALUATION`):
 batch normalization uses the running statistics the network holds, for the SGD iterates and for
 every draw (Maddox et al. recompute them per draw instead, on the training data).
@@ -30,15 +30,15 @@ from dataclasses import dataclass
 
 import torch
 
-from pyrobnn.progress import tqdm
-from pyrobnn.infer.curvature import largest_curvature
+from pyrobnn.utils.progress import tqdm
+from pyrobnn.infer.core.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
-from pyrobnn.infer.checkpoints import RunCheckpoint
-from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint
+from pyrobnn.infer.core.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.posterior import Posterior
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.validation import check_positive_int, validate_training_data
+from pyrobnn.utils.validation import check_positive_int, validate_training_data
 
 __all__ = ["SWAGMoments", "SWAGPosterior", "swag", "swag_moments", "AUTO_LR"]
 
@@ -151,13 +151,13 @@ def swag(
     :param lr: SGD's constant learning rate on the negative log joint divided by the number of
         training points (so it means the same at any data size), with ``momentum``; ``"auto"``:
         ``AUTO_LR`` over the largest curvature of that loss at the MAP
-        (:func:`~pyrobnn.infer.curvature.largest_curvature`, the largest over runs).
+        (:func:`~pyrobnn.infer.core.curvature.largest_curvature`, the largest over runs).
     :param rank: :math:`K`, deviation columns kept.
     :param num_runs: independent SWAG runs, each from its own MAP member (MultiSWAG).
     :param checkpoint: a file to write the run's state to (the SGD phase's position, momentum,
         data order and snapshots), every ``checkpoint_every`` epochs or ``checkpoint_seconds``
         seconds and at the end; the same call with the same file resumes from it and gives the
-        uninterrupted run's posterior (:mod:`pyrobnn.infer.checkpoints`). A MAP trained here
+        uninterrupted run's posterior (:mod:`pyrobnn.infer.core.checkpoints`). A MAP trained here
         checkpoints to ``<checkpoint>.map``.
     :param map_estimate: an :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior` of ``num_runs``
         members; default: trained here (``deep_ensemble(objective="map", **map_options)``).
@@ -191,7 +191,7 @@ def swag(
         n = x.shape[0]
         if lr == "auto":
             lr = AUTO_LR * n / float(largest_curvature(potential, z.detach()).max())
-        # fused: a failed step is skipped on the device (the policy of pyrobnn.infer.minibatch)
+        # fused: a failed step is skipped on the device (the policy of pyrobnn.infer.core.minibatch)
         optimizer = torch.optim.SGD([z], lr=lr, momentum=momentum, fused=z.device.type in ("cpu", "cuda"))
         loop = MinibatchLoop(n, batch_size, seed, x.device, advice=f"Lower lr (now {lr:.3g}).")
         snapshots, epoch_losses, first_epoch = [], [], 0

@@ -2,7 +2,7 @@
 log joint's gradient (:mod:`.kernels`: SGLD and SGHMC; :mod:`.smile_kernel`: stochastic-gradient
 microcanonical Langevin dynamics) and the samplers as methods (:mod:`.samplers`, :mod:`.smile`)."""
 
-from pyrobnn.infer.minibatch import minibatch_log_joint_grad
+from pyrobnn.infer.core.minibatch import minibatch_log_joint_grad
 from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_step, sgld_step
 from pyrobnn.infer.sgmcmc.samplers import sghmc, sgld
 from pyrobnn.infer.sgmcmc.smile import smile

@@ -2,7 +2,7 @@ r"""Stochastic-gradient MCMC on a BayesianModel: SGLD and SGHMC, with a constant
 step size.
 
 Both use the minibatch estimate of the log joint's gradient in the unconstrained space of
-:class:`~pyrobnn.infer.potential.FlatPotential`,
+:class:`~pyrobnn.infer.core.potential.FlatPotential`,
 
 .. math:: \hat g(w) = \nabla \log p(w) + \frac{N}{B} \sum_{n \in \mathcal B} \nabla \log p(y_n \mid x_n, w),
 
@@ -32,17 +32,16 @@ import time
 
 import torch
 
-from pyrobnn.progress import tqdm
-from pyrobnn.infer.curvature import largest_curvature
-from pyrobnn.infer.modes.ensemble import member_initializations
-from pyrobnn.infer.mcmc.runner import initial_positions
+from pyrobnn.utils.progress import tqdm
+from pyrobnn.infer.core.curvature import largest_curvature
+from pyrobnn.infer.core.starts import chain_starts
 from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_step, sgld_step
-from pyrobnn.infer.checkpoints import RunCheckpoint
-from pyrobnn.infer.minibatch import MinibatchLoop, minibatch_log_joint_grad
+from pyrobnn.infer.core.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint_grad
 from pyrobnn.infer.posterior import Posterior
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.validation import check_positive_int, validate_training_data
+from pyrobnn.utils.validation import validate_training_data
 
 __all__ = ["sgld", "sghmc", "chain_starts", "AUTO_STEP"]
 
@@ -50,16 +49,6 @@ __all__ = ["sgld", "sghmc", "chain_starts", "AUTO_STEP"]
 #: SGHMC's learning rate); a tenth of SGLD's stability limit on a Gaussian, so that the
 #: discretization bias is a few percent there (1 / (1 - eps lambda / 4))
 AUTO_STEP = 0.1
-
-
-def chain_starts(model, potential, init, num_chains, seed, generator):
-    """The stochastic-gradient samplers' starting points ``(chains, dim)``: without ``init``,
-    ``num_chains`` re-initializations of the network under seeds ``seed + k`` (as deep-ensemble
-    members start); else the positions ``init`` gives (:func:`initial_positions`)."""
-    if init is None:
-        check_positive_int("num_chains", num_chains)
-        return member_initializations(model, potential, num_chains, seed)
-    return initial_positions(potential, init, num_chains, 2.0, generator)
 
 
 def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
@@ -182,12 +171,12 @@ def sgld(
     :param checkpoint: a file to write the chains' state to (positions, momenta, random
         generators, data order, draws so far), every ``checkpoint_every`` steps or
         ``checkpoint_seconds`` seconds and at the end; the same call with the same file resumes
-        from it and gives the uninterrupted run's draws (:mod:`pyrobnn.infer.checkpoints`).
+        from it and gives the uninterrupted run's draws (:mod:`pyrobnn.infer.core.checkpoints`).
 
     A step whose gradient or new position is not finite is handled by the one policy of
-    :mod:`pyrobnn.infer.minibatch`: from it on the chains stay where they were, and at the end
+    :mod:`pyrobnn.infer.core.minibatch`: from it on the chains stay where they were, and at the end
     of the epoch (``ceil(N / batch_size)`` steps) a
-    :class:`~pyrobnn.infer.failures.NonFiniteLossError` names the step.
+    :class:`~pyrobnn.infer.core.failures.NonFiniteLossError` names the step.
     """
     return _run(model, x, y, "sgld", step_size=step_size, friction=None, num_steps=num_steps, num_burnin=num_burnin,
                 thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,

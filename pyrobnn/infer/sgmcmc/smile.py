@@ -10,15 +10,15 @@ import time
 
 import torch
 
-from pyrobnn.progress import tqdm
-from pyrobnn.infer.checkpoints import RunCheckpoint
-from pyrobnn.infer.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
+from pyrobnn.utils.progress import tqdm
+from pyrobnn.infer.core.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
 from pyrobnn.infer.posterior import Posterior
-from pyrobnn.infer.potential import FlatPotential
-from pyrobnn.infer.sgmcmc.samplers import chain_starts
+from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.starts import chain_starts
 from pyrobnn.infer.sgmcmc.smile_kernel import SMILESettings, SMILEState, smile_init, smile_step
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.validation import validate_training_data
+from pyrobnn.utils.validation import validate_training_data
 
 __all__ = ["smile"]
 
@@ -62,7 +62,7 @@ def smile(
         initialization; or a sampler's result: its last draws) or a ``(chains, dim)`` tensor.
     :param checkpoint: a file to write the chains' state to every ``checkpoint_every`` steps or
         ``checkpoint_seconds`` seconds and at the end; the same call resumes from it to the
-        uninterrupted run's draws (:mod:`pyrobnn.infer.checkpoints`).
+        uninterrupted run's draws (:mod:`pyrobnn.infer.core.checkpoints`).
 
     ``stats``: the final ``step_size`` per chain, the ``energy_change`` of each kept step, and per
     chain the steps undone by the guardrail (``resets``, ``resets_warmup``) and for a non-finite

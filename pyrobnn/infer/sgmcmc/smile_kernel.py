@@ -67,7 +67,7 @@ from statistics import NormalDist
 
 import torch
 
-from pyrobnn.infer.mcmc.mclmc_kernel import MCLACHLAN_B1, esh_velocity_update, unit_vector
+from pyrobnn.infer.core.integrators import MCLACHLAN_B1, esh_velocity_update, partial_refresh
 
 __all__ = ["SMILEState", "SMILESettings", "smile_init", "smile_step", "gamma_quantile", "preconditioner", "MAX_GRAD"]
 
@@ -170,13 +170,12 @@ def smile_step(state: SMILEState, log_density_and_grad, settings: SMILESettings,
     :param noise: ``(C, D)`` standard normal draws for the optional refresh (``settings.L``).
     :returns: ``(state, energy_change, reset, finite)``, the last three of shape ``(C,)``.
     """
-    z, u, dim = state.z, state.u, state.z.shape[-1]
+    z, u = state.z, state.u
     scale = 1.0 / preconditioner(state.grad_sd) if settings.precondition else torch.ones_like(z)
     eps = state.step_size.unsqueeze(-1)
     if settings.L is not None and noise is not None:  # optional refresh, over the whole step
-        nu = torch.sqrt(torch.expm1(2 * eps / settings.L) / dim)
         moving = u.norm(dim=-1, keepdim=True) > 0
-        u = torch.where(moving, unit_vector(u + nu * noise), u)
+        u = torch.where(moving, partial_refresh(u, eps, settings.L, noise), u)
 
     def kick(u, grad, coefficient):
         # esh_velocity_update takes grad U = -grad log p

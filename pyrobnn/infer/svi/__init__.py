@@ -5,7 +5,7 @@ and its handling of failed steps (:mod:`.failures`); and IVON's natural-gradient
 learning on the flat weight vector (:mod:`.ivon`)."""
 
 from pyrobnn.infer.svi.elbo import ELBOTerms, SplitELBO, make_elbo
-from pyrobnn.infer.failures import InvalidBatchError, NonFiniteLossError
+from pyrobnn.infer.core.failures import InvalidBatchError, NonFiniteLossError
 from pyrobnn.infer.svi.schedules import KLAnnealing
 from pyrobnn.infer.svi.trace_free import TraceFreeELBO
 from pyrobnn.infer.svi.history import History

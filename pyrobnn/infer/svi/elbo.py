@@ -11,7 +11,7 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import kl_divergence
 
-from pyrobnn.kl import base_distribution, kl_method
+from pyrobnn.models.kl import base_distribution, kl_method
 
 __all__ = ["SplitELBO", "ELBOTerms", "make_elbo"]
 

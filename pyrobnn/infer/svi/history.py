@@ -1,5 +1,5 @@
 """The record of a variational run, epoch by epoch: the ``history`` of the
-:class:`~pyrobnn.infer.variational.VariationalPosterior` that :func:`pyrobnn.fit` and
+:class:`~pyrobnn.infer.svi.variational.VariationalPosterior` that :func:`pyrobnn.fit` and
 :func:`pyrobnn.ivon` return."""
 
 from __future__ import annotations

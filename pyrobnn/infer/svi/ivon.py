@@ -33,7 +33,7 @@ the update itself on the model's flat weight vector, so that the prior maps per 
 random draws come from a seeded generator, and the state saves and loads whole; the tests
 compare it with ``ivon-opt`` step by step where that package is installed. The result is a
 :class:`~pyrobnn.guides.MeanFieldNormal` guide at :math:`(m, \sigma)`, wrapped in a
-:class:`~pyrobnn.infer.variational.VariationalPosterior`.
+:class:`~pyrobnn.infer.svi.variational.VariationalPosterior`.
 """
 
 from __future__ import annotations
@@ -43,16 +43,16 @@ import time
 
 import torch
 
-from pyrobnn.progress import tqdm
-from pyrobnn.distributions import ScalarNormal
+from pyrobnn.utils.progress import tqdm
+from pyrobnn.models.distributions import ScalarNormal
 from pyrobnn.guides.base import inverse_softplus, site_key
 from pyrobnn.guides.mean_field import MeanFieldNormal
-from pyrobnn.infer.minibatch import MinibatchLoop
-from pyrobnn.infer.potential import FlatPotential
+from pyrobnn.infer.core.minibatch import MinibatchLoop
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.svi.history import History
-from pyrobnn.infer.variational import VariationalPosterior
+from pyrobnn.infer.svi.variational import VariationalPosterior
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.validation import validate_training_data
+from pyrobnn.utils.validation import validate_training_data
 
 __all__ = ["ivon", "IVONState", "ivon_update", "default_beta2", "warmup_cosine_factor"]
 
@@ -135,10 +135,10 @@ def ivon(
 ) -> VariationalPosterior:
     r"""Fit a diagonal Gaussian posterior to ``model``'s weights given ``(x, y)`` by IVON (Shen et
     al. 2024; the math is in the module docstring), as a :class:`MeanFieldNormal` guide in a
-    :class:`~pyrobnn.infer.variational.VariationalPosterior`: ``predict``, ``pyro.infer.Predictive``,
+    :class:`~pyrobnn.infer.svi.variational.VariationalPosterior`: ``predict``, ``pyro.infer.Predictive``,
     ArviZ, ``compare`` and save/load take it as they take any trained guide.
 
-    The weights' priors must be :class:`~pyrobnn.priors.NormalPrior` s (each maps to IVON's
+    The weights' priors must be :class:`~pyrobnn.models.priors.NormalPrior` s (each maps to IVON's
     weight decay :math:`\delta = 1/(\lambda s^2)` per weight, with its mean). A latent noise scale
     with a prior is fitted too, as a Gaussian on its logarithm (a log-normal factor in the
     guide): its prior and log-Jacobian enter the loss, divided by :math:`\lambda`, with no weight

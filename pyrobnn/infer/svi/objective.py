@@ -8,16 +8,16 @@ import math
 
 import torch
 
-from pyrobnn.estimators import ESTIMATORS, Estimator
+from pyrobnn.models.estimators import ESTIMATORS, Estimator
 from pyrobnn.infer.svi.elbo import SplitELBO, make_elbo
 from pyrobnn.infer.svi.trace_free import TraceFreeELBO
-from pyrobnn.validation import check_positive_int
+from pyrobnn.utils.validation import check_positive_int
 
 __all__ = ["SVIObjective", "make_estimator", "trainable_parameters"]
 
 
 def make_estimator(estimator):
-    """``None``, a name in ``pyrobnn.estimators.ESTIMATORS`` or an :class:`Estimator`."""
+    """``None``, a name in ``pyrobnn.models.estimators.ESTIMATORS`` or an :class:`Estimator`."""
     if estimator is None or isinstance(estimator, Estimator):
         return estimator
     if estimator in ESTIMATORS:

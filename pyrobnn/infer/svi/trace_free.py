@@ -5,7 +5,7 @@ traces: general, and the reference. For a :class:`~pyrobnn.models.BayesianModel`
 our guides the structure is known in advance (one factor per weight site, a likelihood, its
 latent sites), so :class:`TraceFreeELBO` computes the same estimator straight from the same
 objects: the guide's factors (:meth:`~pyrobnn.guides.WeightGuide.posterior`), the model's
-priors, the KLs registered in :mod:`pyrobnn.kl`, the estimators' layer formulas and the
+priors, the KLs registered in :mod:`pyrobnn.models.kl`, the estimators' layer formulas and the
 likelihood's distribution. No Pyro messenger is involved, and under local reparameterization
 or flipout no weight sample is drawn at all (none would be used).
 
@@ -19,12 +19,12 @@ from __future__ import annotations
 import torch
 from torch.distributions import kl_divergence
 
-from pyrobnn.distributions import UnitNoiseWeights
-from pyrobnn.estimators import SUPPORTED_LAYERS, Estimator, Factor, unit_noise_shape
-from pyrobnn.runtime import compiled
+from pyrobnn.models.distributions import UnitNoiseWeights
+from pyrobnn.models.estimators import SUPPORTED_LAYERS, Estimator, Factor, unit_noise_shape
+from pyrobnn.utils.runtime import compiled
 from pyrobnn.guides.base import WeightGuide
 from pyrobnn.infer.svi.elbo import ELBOTerms
-from pyrobnn.kl import base_distribution, kl_method
+from pyrobnn.models.kl import base_distribution, kl_method
 from pyrobnn.models import BayesianModel
 from pyrobnn.models.functional import swap_parameters
 
@@ -37,7 +37,7 @@ class TraceFreeELBO:
 
     :param kl: ``"monte_carlo"`` or ``"analytic"``, as in :class:`SplitELBO`.
     :param estimator: ``None`` (one weight sample per minibatch) or an
-        :class:`~pyrobnn.estimators.Estimator` whose layer formulas to use.
+        :class:`~pyrobnn.models.estimators.Estimator` whose layer formulas to use.
     :param num_particles: samples per estimate, in a loop (:class:`SplitELBO` vectorizes them;
         the trainer uses this class for one particle).
     :param compile: compile the guides' fused per-site computations (factor scale and KL,

@@ -12,17 +12,17 @@ from typing import Callable, Optional
 import pyro
 import torch
 
-from pyrobnn import memory
-from pyrobnn.progress import tqdm
-from pyrobnn.infer.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.utils import memory
+from pyrobnn.utils.progress import tqdm
+from pyrobnn.infer.core.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.guides import ConcreteDropout, GaussianDropout, MCDropout, MeanFieldNormal, SparseVariationalDropout, VariationalDropout
-from pyrobnn.io import atomic_save, safe_load
+from pyrobnn.utils.io import atomic_save, safe_load
 from pyrobnn.methods import MethodSpec, Support, register
 from pyrobnn.models import BayesianModel
-from pyrobnn.validation import (
+from pyrobnn.utils.validation import (
     as_tensor,
     check_forward,
     check_positive_int,
@@ -79,7 +79,7 @@ def loader_pair(batch):
 
 def _default_batch_size(model, x, particles: int) -> int:
     """All points, or where one step's activations and their gradients on all of them do not
-    fit the memory budget (:mod:`pyrobnn.memory`), equal batches that do."""
+    fit the memory budget (:mod:`pyrobnn.utils.memory`), equal batches that do."""
     if not isinstance(model, BayesianModel):
         return x.shape[0]
     n = x.shape[0]
@@ -108,7 +108,7 @@ class SVITrainer:
     anything back to the host. A batch with NaN/inf values or refused targets, or a non-finite
     loss or gradient, is flagged on the device; that update and every later one are not
     applied, and :meth:`step` (at once) or :meth:`fit` (at the end of the epoch) raises
-    :class:`~pyrobnn.infer.failures.InvalidBatchError` or :class:`~pyrobnn.infer.failures.NonFiniteLossError` naming the step.
+    :class:`~pyrobnn.infer.core.failures.InvalidBatchError` or :class:`~pyrobnn.infer.core.failures.NonFiniteLossError` naming the step.
 
     :param elbo: ``"trace"`` (Monte Carlo KL, as Pyro's ``Trace_ELBO``), ``"meanfield"``
         (registered KLs, as ``TraceMeanField_ELBO``), ``None`` for the guide's default
@@ -123,7 +123,7 @@ class SVITrainer:
     :param clip_grad_norm: clip the gradient's global norm to this value.
     :param estimator: ``None`` (one weight sample per minibatch), ``"local"`` (local
         reparameterization), ``"flipout"``, ``"per_example"``, or an estimator handler from
-        :mod:`pyrobnn.estimators`; the KL terms are unaffected.
+        :mod:`pyrobnn.models.estimators`; the KL terms are unaffected.
     :param compile: compile the per-weight work with ``torch.compile`` (see
         :class:`~pyrobnn.infer.svi.trace_free.TraceFreeELBO`); pays tens of seconds once, saves most of the
         element-wise cost of large layers.
@@ -294,8 +294,8 @@ class SVITrainer:
     def step(self, x, y, dataset_size=None, epoch_fraction: float = 0.0):
         """One optimizer step on a minibatch; returns ``(loss, nll, kl, kl_weight)`` as floats.
         The batch gets the checks ``fit`` gives its data (types, shapes, finite values, label
-        ranges); bad values in it raise :class:`~pyrobnn.infer.failures.InvalidBatchError`, a non-finite loss or
-        gradient :class:`~pyrobnn.infer.failures.NonFiniteLossError`, with the parameters unchanged by the step.
+        ranges); bad values in it raise :class:`~pyrobnn.infer.core.failures.InvalidBatchError`, a non-finite loss or
+        gradient :class:`~pyrobnn.infer.core.failures.NonFiniteLossError`, with the parameters unchanged by the step.
         (``fit`` runs the same step without the per-step host synchronization that returning
         floats costs, and checks once per epoch.)"""
         loss, nll, kl, beta = self._step_tensors(x, y, dataset_size, epoch_fraction)
@@ -392,7 +392,7 @@ class SVITrainer:
         :param y: see ``x``.
         :param loader: a ``DataLoader`` yielding ``(x, y)`` pairs.
         :param batch_size: minibatch size for tensors (default: the whole data set, or as many
-            points as the memory budget of :mod:`pyrobnn.memory` allows a step; ``batch_size``
+            points as the memory budget of :mod:`pyrobnn.utils.memory` allows a step; ``batch_size``
             records the size used).
         :param checkpoint: path of a checkpoint written every ``checkpoint_every`` epochs and
             at the end, atomically.
@@ -495,7 +495,7 @@ def fit(
     """Fit ``guide`` (and the model's point parameters) to data by SVI.
 
     See :class:`SVITrainer` for the options. Returns a
-    :class:`~pyrobnn.infer.variational.VariationalPosterior` (the model and the trained guide,
+    :class:`~pyrobnn.infer.svi.variational.VariationalPosterior` (the model and the trained guide,
     with the verbs of every result), whose ``history`` is the :class:`History` of the run.
 
     Example::
@@ -504,7 +504,7 @@ def fit(
         vi.history.nll[-1], vi.history.kl[-1]
         vi.predict(x_test).metrics(y_test)
     """
-    from pyrobnn.infer.variational import VariationalPosterior
+    from pyrobnn.infer.svi.variational import VariationalPosterior
 
     trainer = SVITrainer(
         model,

@@ -4,7 +4,7 @@ For the common Bayesian MLP (a stack of ``nn.Linear`` layers with tanh, ReLU, GE
 activations, Normal priors on the random weights, and a Gaussian with a fixed or latent noise
 scale, heteroscedastic Gaussian or categorical likelihood) the potential
 :math:`U(z) = -\log p(y \mid x, w) - \log p(w) - \log|J|` of
-:class:`~pyrobnn.infer.potential.FlatPotential` and its gradient are written out by hand in
+:class:`~pyrobnn.infer.core.potential.FlatPotential` and its gradient are written out by hand in
 ``mlp_kernels.cpp`` (backpropagation by hand, checked against ``torch.autograd`` in
 ``tests/test_native.py``), together with the NUTS transition and the MCLMC step around them.
 Each chain runs start to end in one pass over feature-major activations, so a chain whose NUTS
@@ -121,8 +121,8 @@ def multiply_adds(model, x) -> int:
 def unsupported_reason(model, x=None):
     """Why the native path does not apply to ``model`` (on inputs ``x``), or ``None`` if it
     does."""
-    from pyrobnn.likelihoods import CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
-    from pyrobnn.priors import NormalPrior
+    from pyrobnn.models.likelihoods import CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
+    from pyrobnn.models.priors import NormalPrior
 
     layers = _layers(model.net)
     if layers is None:
@@ -146,7 +146,7 @@ def unsupported_reason(model, x=None):
 
 
 class NativeMLP:
-    """The potential of ``potential`` (a :class:`~pyrobnn.infer.potential.FlatPotential` holding
+    """The potential of ``potential`` (a :class:`~pyrobnn.infer.core.potential.FlatPotential` holding
     its data) in native code: :meth:`value_and_grad`, :meth:`nuts` and :meth:`mclmc` for a batch
     of chains, each chain group on its own thread.
 
@@ -199,7 +199,7 @@ class NativeMLP:
         spec.max_width = max(max(r[0], r[1]) for r in rows)
         spec.noise_off = -1
         lik = model.likelihood
-        from pyrobnn.likelihoods import CategoricalLikelihood, GaussianLikelihood
+        from pyrobnn.models.likelihoods import CategoricalLikelihood, GaussianLikelihood
 
         self._labels = torch.zeros(1, dtype=torch.int64)
         self._y_t = torch.zeros(1, dtype=self.dtype)

@@ -1,7 +1,7 @@
 // Hand-derived potential and gradient of a Bayesian MLP, and the NUTS transition and MCLMC step
 // over it, for pyrobnn's samplers (pyrobnn/infer/native/__init__.py builds and loads this file).
 //
-// The potential is U(z) = -log p(y | x, w) - log p(w) - log|J| of pyrobnn.infer.potential.
+// The potential is U(z) = -log p(y | x, w) - log p(w) - log|J| of pyrobnn.infer.core.potential.
 // FlatPotential for a BayesianModel whose network is a stack of nn.Linear layers with
 // element-wise activations, Normal priors and a Gaussian (fixed or latent noise scale),
 // heteroscedastic Gaussian or categorical likelihood. The gradient is derived by hand

@@ -1,0 +1,132 @@
+"""What every training loop (SVI's, and the minibatch loop over the flat vector of
+:mod:`pyrobnn.infer.core.minibatch`) does with a failed step: the record of the first failed step,
+kept on the device so that a step needs no host synchronization; that update and every later
+one skipped; and at the next check (the end of the epoch) the error naming the step."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["NonFiniteLossError", "InvalidBatchError", "StepFailures", "skips_on_device", "grads_not_finite"]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss or its gradient was NaN or infinite. No update from the failed step on was
+    applied; ``step`` and ``epoch`` say where, and the message says whether the
+    parameters themselves are finite."""
+
+    def __init__(self, message, step: int, epoch: int):
+        super().__init__(message)
+        self.step = step
+        self.epoch = epoch
+
+
+class InvalidBatchError(ValueError):
+    """A training batch held NaN or infinite values or targets the likelihood refuses, found on
+    the device without stopping the step; no update from that step on was applied.
+    ``step`` and ``epoch`` say where."""
+
+    def __init__(self, message, step: int, epoch: int):
+        super().__init__(message)
+        self.step = step
+        self.epoch = epoch
+
+
+class StepFailures:
+    """The first failed training step since the last check, recorded on the device without a
+    host synchronization: a batch with bad values, a non-finite loss, or a non-finite gradient.
+    ``failed`` is a 0-d boolean tensor that a fused optimizer takes as ``found_inf`` (the
+    update is skipped, and so is every later one until :meth:`raise_if_any`), so the parameters
+    stay those from before the first failed step."""
+
+    CAUSES = ("data", "loss", "gradient")
+    #: what was wrong with a batch, by the code :meth:`record` takes as ``data_cause``
+    DATA_CAUSES = {1: "x holds NaN or infinite values", 2: "y holds NaN or infinite values", 3: "targets"}
+
+    def __init__(self):
+        self._f = None
+
+    @property
+    def failed(self):
+        return self._f["failed"] if self._f is not None else None
+
+    def record(self, step: int, epoch: int, data_cause, bad_loss, bad_grad, value) -> None:
+        """Note step ``step`` as failed where the batch was bad (``data_cause``: a 0-d integer
+        tensor, 0 for a good batch, else a key of :data:`DATA_CAUSES`; ``None``: not checked) or
+        either 0-d flag is set; ``value`` is its loss."""
+        f = self._f
+        device = value.device
+        if f is None or f["failed"].device != device:
+            f = self._f = {
+                "failed": torch.zeros((), dtype=torch.bool, device=device),
+                "step": torch.zeros((), dtype=torch.long, device=device),
+                "epoch": torch.zeros((), dtype=torch.long, device=device),
+                "cause": torch.zeros((), dtype=torch.long, device=device),
+                "data_cause": torch.zeros((), dtype=torch.long, device=device),
+                "value": torch.zeros((), dtype=value.dtype, device=device),
+            }
+        if data_cause is None:
+            data_cause = torch.zeros((), dtype=torch.long, device=device)
+        bad_data = data_cause > 0
+        bad = bad_data | bad_loss | bad_grad
+        first = bad & ~f["failed"]
+        cause = torch.where(bad_data, 0, torch.where(bad_loss, 1, 2))
+        f["step"] = torch.where(first, step, f["step"])
+        f["epoch"] = torch.where(first, epoch, f["epoch"])
+        f["cause"] = torch.where(first, cause, f["cause"])
+        f["data_cause"] = torch.where(first, data_cause, f["data_cause"])
+        f["value"] = torch.where(first, value.to(f["value"].dtype), f["value"])
+        f["failed"] = f["failed"] | bad
+
+    def any(self) -> bool:
+        """Whether a step failed since the last check (a host synchronization)."""
+        return self._f is not None and bool(self._f["failed"])
+
+    def raise_if_any(
+        self, params, refused_targets: str = "targets the likelihood refuses",
+        advice: str = "Lower the learning rate, check the data, or clip gradients (clip_grad_norm=...).",
+    ) -> None:
+        """Raise :class:`InvalidBatchError` or :class:`NonFiniteLossError` for the first failed
+        step since the last check, naming what was found (``refused_targets`` describes the
+        targets the likelihood refuses) and saying whether ``params`` are finite; then forget it."""
+        if not self.any():
+            return
+        f, self._f = self._f, None
+        step, epoch = int(f["step"]), int(f["epoch"])
+        cause = self.CAUSES[int(f["cause"])]
+        if cause == "data":
+            found = self.DATA_CAUSES[int(f["data_cause"])]
+            found = f"y holds {refused_targets}" if found == "targets" else found
+            what = f"the batch of step {step} (epoch {epoch}) is refused: {found}"
+        elif cause == "loss":
+            what = f"the loss is {float(f['value'])} at step {step} (epoch {epoch})"
+        else:
+            what = f"the gradient or the update is not finite at step {step} (epoch {epoch})"
+        if all(bool(torch.isfinite(p).all()) for p in params):
+            where = f"the parameters are those from before step {step} (no later update was applied)"
+        else:
+            where = (
+                f"no update from step {step} on was applied, but the parameters were already not "
+                "finite: an earlier update overflowed"
+            )
+        if cause == "data":
+            raise InvalidBatchError(f"{what}; {where}.", step, epoch)
+        raise NonFiniteLossError(
+            f"{what}; {where}. {advice}",
+            step,
+            epoch,
+        )
+
+
+def skips_on_device(optimizer) -> bool:
+    """Whether ``optimizer`` can skip a step on a flag held on the device (PyTorch's fused Adam,
+    AdamW and SGD take ``found_inf``, as under ``GradScaler``)."""
+    return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)) and bool(optimizer.defaults.get("fused"))
+
+
+def grads_not_finite(params):
+    """A 0-d device tensor: whether any gradient of ``params`` is NaN or infinite (no sync)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    return ~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())

@@ -1,0 +1,163 @@
+r"""The one minibatch loop over the flat vector, shared by deep ensembles, SWAG, SG-MCMC and
+the Lightning ensemble module.
+
+Each row of a ``(rows, dim)`` tensor (an ensemble member, a SWAG run, a chain) is a point in
+the unconstrained space of :class:`~pyrobnn.infer.core.potential.FlatPotential`. On a minibatch
+:math:`\mathcal B` of :math:`B` of the :math:`N` training points, every method here uses the
+same unbiased estimate of the log joint,
+
+.. math:: \widehat{\log p}(w, \mathcal D) = \log p(w) + \frac{N}{B} \sum_{n \in \mathcal B} \log p(y_n \mid x_n, w)
+
+(:func:`minibatch_log_joint`), and the same answer to a step whose loss, gradient or new position
+is not finite (:class:`MinibatchLoop`): it is recorded on the device without a host
+synchronization, that update and every later one are skipped (the rows stay where they were
+before the failed step), and at the next check, the end of the epoch, a
+:class:`~pyrobnn.infer.core.failures.NonFiniteLossError` names the step, as :func:`pyrobnn.fit` does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pyrobnn.infer.core.failures import StepFailures, grads_not_finite, skips_on_device
+
+__all__ = [
+    "minibatch_log_joint", "minibatch_log_joint_grad", "minibatch_log_joint_value_and_grad", "per_row_minibatch_log_joint_value_and_grad",
+    "MinibatchLoop",
+]
+
+
+def minibatch_log_joint(potential, z, x, y, dataset_size: int, prior: bool = True) -> torch.Tensor:
+    r"""Per row of ``z``, :math:`\log p(w) + \frac{N}{B} \sum_{n \in \mathcal B} \log p(y_n \mid
+    x_n, w)` with :math:`N` = ``dataset_size`` and the batch ``(x, y)``; without the prior (and
+    the log-Jacobian of constrained latent sites) when ``prior`` is false."""
+    log_prior, log_lik = potential.log_joint_terms(z, x, y)
+    total = (dataset_size / x.shape[0]) * log_lik
+    return total + log_prior if prior else total
+
+
+def minibatch_log_joint_value_and_grad(potential, z, x, y, dataset_size: int):
+    r""":func:`minibatch_log_joint` and its gradient for every row, ``((rows,), (rows, dim))``:
+    both unbiased for the full log joint and its gradient when the batch is drawn uniformly."""
+    with torch.enable_grad():
+        z = z.detach().requires_grad_(True)
+        value = minibatch_log_joint(potential, z, x, y, dataset_size)
+        (grad,) = torch.autograd.grad(value.sum(), z)
+    return value.detach(), grad
+
+
+def per_row_minibatch_log_joint_value_and_grad(potential, z, x, y, dataset_size: int):
+    r"""As :func:`minibatch_log_joint_value_and_grad`, with a batch of its own for every row:
+    ``x`` of shape ``(rows, B, ...)`` and ``y`` of shape ``(rows, B, ...)``, so that the chains'
+    gradient noise is independent (one batched pass of the network over all rows)."""
+    with torch.enable_grad():
+        z = z.detach().requires_grad_(True)
+        log_prior, log_lik = potential.log_joint_terms(z, x, y, batched_inputs=True)
+        value = log_prior + (dataset_size / x.shape[1]) * log_lik
+        (grad,) = torch.autograd.grad(value.sum(), z)
+    return value.detach(), grad
+
+
+def minibatch_log_joint_grad(potential, z, x, y, dataset_size: int) -> torch.Tensor:
+    r"""The gradient of :func:`minibatch_log_joint` for every row: unbiased for
+    :math:`\nabla \log p(w \mid \mathcal D)` when the batch is drawn uniformly."""
+    return minibatch_log_joint_value_and_grad(potential, z, x, y, dataset_size)[1]
+
+
+class MinibatchLoop:
+    """Minibatches of ``n`` training points in a seeded random order, and the failure record
+    of the loop's steps.
+
+    :param advice: what the error of a failed step tells the user to change (``"lower lr"``).
+    """
+
+    def __init__(self, n: int, batch_size, seed: int, device=None, advice: str = "Lower the learning rate."):
+        self.n = n
+        self.batch_size = n if batch_size is None else min(int(batch_size), n)
+        self.device = device
+        self.order = torch.Generator().manual_seed(seed)
+        self.failures = StepFailures()
+        self.advice = advice
+        self.step = 0
+        self.epoch = 0
+        self._stream = None
+
+    def epoch_batches(self):
+        """The index batches of one epoch: every point once, in a fresh random order, the last
+        batch smaller when ``batch_size`` does not divide ``n``."""
+        perm = torch.randperm(self.n, generator=self.order).to(self.device)
+        for i in range(0, self.n, self.batch_size):
+            yield perm[i : i + self.batch_size]
+
+    def next_batch(self):
+        """The next full batch of an endless stream: the points of a random order in turn, a
+        fresh order when fewer than ``batch_size`` are left (step-based samplers)."""
+        perm, cursor = self._stream if self._stream is not None else (None, self.n)
+        if cursor + self.batch_size > self.n:
+            perm, cursor = torch.randperm(self.n, generator=self.order).to(self.device), 0
+        self._stream = (perm, cursor + self.batch_size)
+        return perm[cursor : cursor + self.batch_size]
+
+    def next_batches(self, rows: int):
+        """The next batch of every one of ``rows`` independent endless streams, ``(rows,
+        batch_size)``: each row takes the points of its own random order in turn (per-chain
+        minibatches, so that chains run from one start still see independent noise)."""
+        perm, cursor = self._stream if self._stream is not None else (None, self.n)
+        if cursor + self.batch_size > self.n:
+            perm = torch.rand(rows, self.n, generator=self.order).argsort(-1).to(self.device)
+            cursor = 0
+        self._stream = (perm, cursor + self.batch_size)
+        return perm[:, cursor : cursor + self.batch_size]
+
+    def record(self, loss=None, params=None, new=None, grad=None):
+        """Record this step's failure on the device: a non-finite ``loss`` (per row, or its
+        sum), a non-finite gradient (of ``params``, or ``grad`` itself), or a non-finite ``new``
+        position. Returns the 0-d flag that holds from the first failed step on (take the step
+        only where it is false)."""
+        reference = next(t for t in (loss, grad, new) if t is not None)
+        value = loss.detach().sum() if loss is not None else torch.zeros((), dtype=reference.dtype, device=reference.device)
+        bad_loss = ~torch.isfinite(value)
+        bad_grad = grads_not_finite(params) if params is not None else None
+        if bad_grad is None:
+            bad_grad = torch.zeros_like(bad_loss)
+        # max |.| is NaN or infinite exactly when some value is (a sum could overflow)
+        for t in (grad, new):
+            if t is not None:
+                bad_grad = bad_grad | ~torch.isfinite(t.detach().abs().amax())
+        self.failures.record(self.step, self.epoch, None, bad_loss, bad_grad, value)
+        self.step += 1
+        return self.failures.failed
+
+    def optimizer_step(self, optimizer, loss, params) -> None:
+        """``optimizer.step()`` unless this or an earlier step failed (after ``backward``): a
+        fused optimizer skips on the device; another one makes the check at once (a host sync)."""
+        failed = self.record(loss, params)
+        if skips_on_device(optimizer):
+            optimizer.found_inf = failed.to(torch.float32)
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.found_inf
+        else:
+            self.check(params)
+            optimizer.step()
+
+    def check(self, params) -> None:
+        """Raise :class:`~pyrobnn.infer.core.failures.NonFiniteLossError` for the first failed step
+        since the last check (a host synchronization); call it at the end of every epoch."""
+        self.failures.raise_if_any(params, advice=self.advice)
+
+    def end_epoch(self, params) -> None:
+        self.check(params)
+        self.epoch += 1
+
+    def state_dict(self) -> dict:
+        """The loop's position: the order generator, the step and epoch counts, the stream."""
+        stream = None if self._stream is None else {"perm": self._stream[0].cpu(), "cursor": self._stream[1]}
+        return {"order": self.order.get_state(), "step": self.step, "epoch": self.epoch, "stream": stream}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order.set_state(state["order"])
+        self.step, self.epoch = int(state["step"]), int(state["epoch"])
+        stream = state.get("stream")
+        self._stream = None if stream is None else (stream["perm"].to(self.device), int(stream["cursor"]))

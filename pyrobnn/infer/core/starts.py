@@ -1,0 +1,70 @@
+"""Where chains and members start, as unconstrained positions ``(chains, dim)`` of a
+:class:`~pyrobnn.infer.core.potential.FlatPotential`: uniform draws in a box (Stan's and Pyro's
+rule, :func:`initial_positions`), the network's own initialization under one seed per chain (as
+deep-ensemble members start, :func:`member_initializations`), or the positions a result gives
+(the last draw of each chain of a :class:`~pyrobnn.infer.posterior.Posterior`, so one chain per
+ensemble member). :func:`chain_starts` is the rule of the stochastic-gradient samplers."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from pyrobnn.infer.posterior import Posterior
+from pyrobnn.utils.validation import check_positive_int
+
+__all__ = ["initial_positions", "member_initializations", "chain_starts"]
+
+
+def initial_positions(potential, init, num_chains, init_radius, generator):
+    """Unconstrained starting positions ``(chains, dim)``: uniform on ``[-init_radius,
+    init_radius]`` (``init=None``), or from ``init`` (a :class:`~pyrobnn.infer.posterior.Posterior`:
+    the last draw of each chain, so one chain per ensemble member; or a tensor)."""
+    if init is None:
+        if not isinstance(num_chains, int) or num_chains < 1:
+            raise ValueError(f"num_chains must be a positive integer, got {num_chains!r}")
+        return potential.initial(num_chains, init_radius, generator)
+    if isinstance(init, Posterior):
+        z = potential.pack({k: v[:, -1] for k, v in init.samples.items()})
+    elif isinstance(init, torch.Tensor):
+        z = init
+    else:
+        raise TypeError(f"init must be a Posterior (a deep ensemble, or a sampler's result: its last draws) or a tensor, got {type(init).__name__}")
+    if z.dim() != 2 or z.shape[1] != potential.dim:
+        raise ValueError(f"init must hold positions of shape (chains, {potential.dim}), got {tuple(z.shape)}")
+    if not torch.isfinite(z).all():
+        raise ValueError("init holds non-finite positions")
+    return z.detach().to(dtype=potential.model.dtype, device=potential.model.device).clone()
+
+
+def member_initializations(model, potential, num_members: int, seed: int = 0):
+    """``(K, dim)`` unconstrained starting points: member ``k`` re-initializes a copy of the
+    network with its modules' own ``reset_parameters`` under the seed ``seed + k`` (PyTorch's
+    default initialization, or the user's), and draws latent sites (a noise scale with a prior)
+    from their prior."""
+    rows = []
+    for k in range(num_members):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + k)
+            net = copy.deepcopy(model.net)
+            for module in net.modules():
+                reset = getattr(module, "reset_parameters", None)
+                if callable(reset):
+                    reset()
+            params = dict(net.named_parameters())
+            values = {s.name: params[s.name].detach().unsqueeze(0) for s in model.sites}
+            for name, prior in model.likelihood.latent_sites().items():
+                values[name] = prior.sample((1,)).to(model.dtype)
+        rows.append(potential.pack(values))
+    return torch.cat(rows, 0).to(device=model.device, dtype=model.dtype)
+
+
+def chain_starts(model, potential, init, num_chains, seed, generator):
+    """The stochastic-gradient samplers' starting points ``(chains, dim)``: without ``init``,
+    ``num_chains`` re-initializations of the network under seeds ``seed + k`` (as deep-ensemble
+    members start); else the positions ``init`` gives (:func:`initial_positions`)."""
+    if init is None:
+        check_positive_int("num_chains", num_chains)
+        return member_initializations(model, potential, num_chains, seed)
+    return initial_positions(potential, init, num_chains, 2.0, generator)
