@@ -30,7 +30,7 @@ N(0, 1) prior on every weight and bias; 12 members.
 Metrics on the test part in standardized units: LPPD (log of the mean predictive density over all
 chains and draws, averaged over points) and RMSE of the mean prediction; wall time of each
 phase; for the samplers the worst and median within-chain R-hat on the test predictions (and
-log density) over chains (:func:`pyrobnn.infer.diagnostics.within_chain_summary`). ``--long-factor F``
+log density) over chains (:func:`pyrobnn.infer.results.diagnostics.within_chain_summary`). ``--long-factor F``
 also runs MCLMC ``F`` times longer on the first seed of each data set and reports the worst
 within-chain R-hat at growing sampling lengths, to find where the worst chain gets below 1.1.
 
@@ -59,12 +59,12 @@ import numpy as np
 import torch
 
 import pyrobnn
-from pyrobnn.infer import diagnostics
+from pyrobnn.infer.results import diagnostics
 from pyrobnn.data import uci_shuffled
 from pyrobnn.infer.modes.ensemble import deep_ensemble
 from pyrobnn.infer.mcmc import mclmc, nuts
 from pyrobnn.infer.sgmcmc import sghmc, smile
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.utils.io import atomic_write_text, record_results
 

@@ -19,7 +19,7 @@ import pyro.distributions as dist
 import torch
 
 import pyrobnn
-from pyrobnn.infer import diagnostics
+from pyrobnn.infer.results import diagnostics
 from pyrobnn.apps.compare import predictive_w2
 from pyrobnn.data import gap_regression
 from pyrobnn.evaluation.plotting import plot_regression_1d, save_figure

@@ -26,8 +26,8 @@ from pyrobnn.infer.ensemble_sampling import ensemble_sampling
 from pyrobnn.infer.mcmc import mclmc, nuts, pyro_nuts
 from pyrobnn.infer.modes import deep_ensemble, laplace, swag
 from pyrobnn.infer.loading import load_posterior
-from pyrobnn.infer.posterior import Posterior
-from pyrobnn.infer.result import Result
+from pyrobnn.infer.results.posterior import Posterior
+from pyrobnn.infer.results.protocol import Result
 from pyrobnn.infer.sgmcmc import sghmc, sgld, smile
 from pyrobnn.infer.svi.variational import VariationalPosterior
 from pyrobnn.evaluation.calibration import TemperatureScaling
@@ -41,7 +41,7 @@ from pyrobnn.models.likelihoods import (
     HeteroscedasticGaussianLikelihood,
 )
 from pyrobnn.models import MLP, BayesianModel, LeNet5, LeNet300100
-from pyrobnn.infer.predictive import predict
+from pyrobnn.infer.results.predictive import predict
 from pyrobnn.models.priors import ARDPrior, LogUniformPrior, NormalPrior, ScaleMixturePrior
 
 __version__ = "0.1.0"

@@ -3,7 +3,7 @@ conformance suite (:mod:`pyrobnn.testing`), ``pyrobnn compare`` and the support 
 documentation.
 
 Every method is a function ``method(model, x, y, *, ...)`` that returns a result satisfying
-:class:`~pyrobnn.infer.result.Result`. Its :class:`MethodSpec` says what it takes
+:class:`~pyrobnn.infer.results.protocol.Result`. Its :class:`MethodSpec` says what it takes
 (:class:`Support`: the likelihoods and priors it is defined for) and the smallest budgets it
 accepts (``budgets``: argument -> least value). A method calls :func:`refuse_unsupported` and
 :func:`check_budget` at its start, before any work, so that what it refuses, the message that
@@ -99,7 +99,7 @@ class MethodSpec:
 
     :ivar key: its name in the registry (``"nuts"``, ``"meanfield"``).
     :ivar label: a short description for tables.
-    :ivar family: the :data:`~pyrobnn.infer.result.FAMILIES` key of its results.
+    :ivar family: the :data:`~pyrobnn.infer.results.protocol.FAMILIES` key of its results.
     :ivar run: ``run(model, x, y, **options) -> Result``.
     :ivar support: what it takes (:class:`Support`).
     :ivar budgets: ``{argument: smallest accepted value}``; a call below is refused at once.

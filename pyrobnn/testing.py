@@ -10,7 +10,7 @@ same checks on the same cases:
   ``Flatten``), a CNN with ``BatchNorm2d``, an MLP with ``nn.Dropout``, a custom ``forward`` with a
   skip connection, NumPy arrays for the data, and a scale-mixture prior;
 - **the contract** (:func:`check_method`): on a case the method's declaration supports, it runs
-  and returns a :class:`~pyrobnn.infer.result.Result` of its family whose ``predict`` is finite and
+  and returns a :class:`~pyrobnn.infer.results.protocol.Result` of its family whose ``predict`` is finite and
   shaped as the likelihood says, whose ``to_arviz`` holds the draws and the network's output,
   which ``save`` then ``load(path, model)`` restores to identical predictions, and whose
   ``summary()`` names it; on a case it does not support, it is refused at the call with an
@@ -57,7 +57,7 @@ from torch.utils._pytree import tree_flatten
 from pyrobnn import methods
 from pyrobnn.utils import memory
 from pyrobnn.infer.loading import load_posterior
-from pyrobnn.infer.result import FAMILIES, STATS, Result
+from pyrobnn.infer.results.protocol import FAMILIES, STATS, Result
 from pyrobnn.models.likelihoods import BernoulliLikelihood, CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
 from pyrobnn.models import MLP, BayesianModel
 from pyrobnn.evaluation.predictions import ClassificationPrediction, RegressionPrediction
@@ -302,7 +302,7 @@ def check_refusal(key: str, case: str) -> None:
 
 def check_method(key: str, case: str, verbs: bool = True) -> None:
     """The contract on one case: refused by declaration (:func:`check_refusal`), or run, with a
-    :class:`~pyrobnn.infer.result.Result` of the method's family, a finite ``predict`` of the
+    :class:`~pyrobnn.infer.results.protocol.Result` of the method's family, a finite ``predict`` of the
     likelihood's shape, and with ``verbs`` a ``to_arviz`` holding every draw and the outputs, a
     ``save`` to one file of plain tensors (it loads with ``weights_only=True``) then
     ``load(path, model)`` with identical predictions, and a ``summary`` that names the method."""

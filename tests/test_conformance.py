@@ -36,7 +36,7 @@ def test_every_case_is_checked_and_every_method_registered_once():
     keys = list(methods.METHODS)
     assert len(keys) == len(set(keys)) == 17
     for key, spec in methods.METHODS.items():
-        assert spec.key == key and spec.family in pyrobnn.infer.result.FAMILIES
+        assert spec.key == key and spec.family in pyrobnn.infer.results.protocol.FAMILIES
         assert spec.support.likelihoods and spec.support.priors
 
 
@@ -77,7 +77,7 @@ def test_a_budget_below_the_declaration_that_runs_fails_the_budget_check(monkeyp
 
 
 def test_a_result_that_loads_differently_fails_the_contract(monkeypatch):
-    from pyrobnn.infer.posterior import Posterior
+    from pyrobnn.infer.results.posterior import Posterior
 
     class Forgetful(Posterior):
         @classmethod

@@ -107,7 +107,7 @@ def test_training_step_stays_on_the_device(kind, guide_name, estimator):
 
 def recorded_input_checks(monkeypatch):
     """Replace the NaN checks of inputs (a host synchronization each) by a record of them."""
-    import pyrobnn.infer.predictive as predictive
+    import pyrobnn.infer.results.predictive as predictive
     import pyrobnn.utils.validation as validation
 
     checked = []

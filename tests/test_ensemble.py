@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer import diagnostics
+from pyrobnn.infer.results import diagnostics
 from pyrobnn.infer.ensemble_sampling import ensemble_sampling
 from pyrobnn.infer.core.starts import member_initializations
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble, train_members
@@ -161,7 +161,7 @@ def test_within_chain_summary_reads_stationary_chains_in_different_places():
     centres = torch.randn(2, 1, potential.dim, generator=g, dtype=torch.float64)
     z = centres + 0.01 * torch.randn(2, 400, potential.dim, generator=g, dtype=torch.float64)
     values = potential.unpack(z.reshape(800, -1))
-    result = pyrobnn.infer.posterior.Posterior({k: v.reshape((2, 400) + v.shape[1:]) for k, v in values.items()})
+    result = pyrobnn.infer.results.posterior.Posterior({k: v.reshape((2, 400) + v.shape[1:]) for k, v in values.items()})
     summary = diagnostics.within_chain_summary(model, result, x, y)
     assert summary["worst_rhat"] < 1.1 and summary["drifting_chains"] == 0
     assert summary["between_chain_rhat"] > 1.1

@@ -10,7 +10,7 @@ import torch
 
 import pyrobnn
 from pyrobnn import methods
-from pyrobnn.infer.result import Result
+from pyrobnn.infer.results.protocol import Result
 from pyrobnn.testing import build_case
 
 
@@ -108,7 +108,7 @@ def test_a_guide_pyrobnn_cannot_rebuild_asks_for_it(tmp_path):
 
 
 def test_the_verbs_have_one_signature():
-    from pyrobnn.infer.posterior import Posterior
+    from pyrobnn.infer.results.posterior import Posterior
     from pyrobnn.infer.svi.variational import VariationalPosterior
 
     for cls in (Posterior, VariationalPosterior, pyrobnn.infer.modes.LaplacePosterior):

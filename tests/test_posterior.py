@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer.posterior import STATS, Posterior
+from pyrobnn.infer.results.posterior import STATS, Posterior
 
 
 def _model(hidden=4, noise=0.1):

@@ -60,7 +60,7 @@ def test_swag_result_goes_into_arviz():
     y = x + 0.1 * torch.randn(32, 1)
     model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale=0.1), pyrobnn.NormalPrior(1.0))
     result = swag(model, x, y, num_epochs=4, batch_size=8, rank=3, num_samples=10, num_runs=2, map_options={"max_epochs": 20}, progress=False)
-    from pyrobnn.infer import diagnostics
+    from pyrobnn.infer.results import diagnostics
 
     idata = diagnostics.inference_data(model, result, x[:5], y[:5])
     assert idata.posterior.sizes["chain"] == 2 and idata.posterior.sizes["draw"] == 10

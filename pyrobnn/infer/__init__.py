@@ -2,9 +2,8 @@
 
 Read from the bottom up; each layer imports only the layers below it:
 
-1. the results: the protocol every method returns (:mod:`.result`), the posterior predictive
-   (:mod:`.predictive`), ArviZ conversion and convergence diagnostics (:mod:`.diagnostics`), and
-   draws of the latent sites (:mod:`.posterior`);
+1. the results (:mod:`.results`): the protocol every method returns, the posterior predictive,
+   ArviZ conversion and convergence diagnostics, and draws of the latent sites;
 2. the shared core (:mod:`.core`): the flat potential, the minibatch log joint and its loop,
    starting positions, integrators, the step-failure policy, checkpoints, curvature and processes;
 3. the method families, none of which imports another: :mod:`.svi` (the ELBO, the training loop,
@@ -15,7 +14,7 @@ Read from the bottom up; each layer imports only the layers below it:
 """
 
 from pyrobnn.infer.loading import load_posterior
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.svi import ELBOTerms, History, InvalidBatchError, KLAnnealing, NonFiniteLossError, SplitELBO, SVITrainer, fit, make_elbo
 from pyrobnn.infer.svi.variational import VariationalPosterior
 

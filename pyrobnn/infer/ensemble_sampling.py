@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pyrobnn.infer.mcmc.samplers import mclmc, nuts
 from pyrobnn.infer.modes.ensemble import deep_ensemble
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.sgmcmc.smile import smile
 from pyrobnn.methods import MethodSpec, latent_only_support, refuse_unsupported, register
 
@@ -23,7 +23,7 @@ def ensemble_sampling(model, x, y, *, ensemble: Posterior = None, sampler: str =
     uses ``num_warmup=100, num_samples=1000``; ``"smile"``: the minibatch sampler
     :func:`pyrobnn.smile`, SMILE's ensemble); ``kwargs`` go to the sampler. The chains sit in
     different regions by design: judge each one on its own
-    (:func:`pyrobnn.infer.diagnostics.within_chain_summary`, or the result's ``summary()``)."""
+    (:func:`pyrobnn.infer.results.diagnostics.within_chain_summary`, or the result's ``summary()``)."""
     refuse_unsupported("ensemble_sampling", model)
     if sampler not in ("mclmc", "nuts", "smile"):
         raise ValueError(f"sampler must be 'mclmc', 'nuts' or 'smile', got {sampler!r}")

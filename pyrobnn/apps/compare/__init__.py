@@ -12,7 +12,7 @@ ensemble (MAP under the model's prior) and one MCLMC chain started at each membe
 (``reference="ensemble-mclmc"``), or one NUTS chain per member (``"ensemble-nuts"``); random-start
 NUTS (``"nuts"``) is still there, but on the UCI sets its chains do not agree within a run's budget
 (docs/logs/compare.md). Ensemble-initialized chains are judged each on its own (within-chain R-hat on
-the test predictions and log density, :func:`pyrobnn.infer.diagnostics.within_chain_summary`).
+the test predictions and log density, :func:`pyrobnn.infer.results.diagnostics.within_chain_summary`).
 
 Beside the variational methods and the deep ensemble, the methods built on that ensemble: the
 Laplace approximation around its first member (KFAC GGN over all weights, prior precision tuned

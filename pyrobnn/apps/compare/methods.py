@@ -1,7 +1,7 @@
 """The methods of ``pyrobnn compare``, one registry entry each, and the effort each gets.
 
 A :class:`Method` says how to build its model's prior and how to fit it on a split; every fit
-returns a result of the protocol :class:`~pyrobnn.infer.result.Result`, whose ``predict`` the
+returns a result of the protocol :class:`~pyrobnn.infer.results.protocol.Result`, whose ``predict`` the
 runner scores. Each entry names the method of the library's registry (:mod:`pyrobnn.methods`)
 that it runs, with the effort the comparison gives it; adding a method to the comparison is one
 :func:`register` call.

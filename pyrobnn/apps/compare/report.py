@@ -98,7 +98,7 @@ def degenerate_warning(reference_row) -> str:
 
 
 def diagnostics_threshold() -> float:
-    from pyrobnn.infer.diagnostics import WITHIN_CHAIN_RHAT_OK
+    from pyrobnn.infer.results.diagnostics import WITHIN_CHAIN_RHAT_OK
 
     return WITHIN_CHAIN_RHAT_OK
 

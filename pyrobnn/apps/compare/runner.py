@@ -75,10 +75,10 @@ def fit_method(key, split, s, seed, progress, reference, x_grid=None, shared=Non
 def _reference_diagnostics(reference, model, result, split, ensemble=None):
     """Random-start NUTS: R-hat and ESS across chains; ensemble-initialized chains: each chain
     on its own (within-chain R-hat on predictions and log density, per-chain LPPD). Both are
-    checked for degeneracy (:func:`pyrobnn.infer.diagnostics.degeneracy`: noise scales collapsed onto
+    checked for degeneracy (:func:`pyrobnn.infer.results.diagnostics.degeneracy`: noise scales collapsed onto
     spikes at the training targets; for the ensemble-initialized references also chains whose
     test LPPD is far below the ensemble's)."""
-    from pyrobnn.infer import diagnostics
+    from pyrobnn.infer.results import diagnostics
 
     if reference == "nuts":
         idata = diagnostics.inference_data(model, result, split["x_test"], split["y_test"])
@@ -105,7 +105,7 @@ def _reference_diagnostics(reference, model, result, split, ensemble=None):
 def _run_split(split, keys, s, seed, bar, x_grid, out_dir, first, reference="ensemble-mclmc"):
     """Fit and score every method on one split: ``{"rows", "calibration", "diagnostics",
     "grid_preds"}``, the rows and calibration keyed by method."""
-    from pyrobnn.infer import diagnostics
+    from pyrobnn.infer.results import diagnostics
 
     preds, rows, calibration, grid_preds, summary = {}, {}, {}, {}, None
     y_orig = split["y_test"] * split["y_std"] + split["y_mean"]
@@ -247,7 +247,7 @@ def run_compare(
     """Run the comparison, write ``results.md``, ``results.csv``, ``results.json``, the plots
     and NUTS's diagnostics into ``out_dir``; return the summary rows.
 
-    A reference judged degenerate (:func:`pyrobnn.infer.diagnostics.degeneracy`) on a split ranks
+    A reference judged degenerate (:func:`pyrobnn.infer.results.diagnostics.degeneracy`) on a split ranks
     nothing there: every method's ``w2_to_reference`` on that split is NaN, the reference's row
     carries ``degenerate_splits`` and the verdict, the tables open with a warning, and the
     ``pyrobnn compare`` command exits with status 3.

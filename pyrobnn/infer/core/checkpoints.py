@@ -65,7 +65,7 @@ class RunCheckpoint:
         """The checkpoint of a run of ``model`` with these ``settings`` on the tensors ``data``
         from the positions ``start``: its identity is the settings, SHA-256 hashes of the data
         and the start, and the model's structure."""
-        from pyrobnn.infer.result import structure
+        from pyrobnn.infer.results.protocol import structure
 
         identity = dict(settings, data=digest(*data), start=digest(start), structure=structure(model))
         return cls(path, kind, identity, every, seconds)

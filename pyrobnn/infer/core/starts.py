@@ -2,7 +2,7 @@
 :class:`~pyrobnn.infer.core.potential.FlatPotential`: uniform draws in a box (Stan's and Pyro's
 rule, :func:`initial_positions`), the network's own initialization under one seed per chain (as
 deep-ensemble members start, :func:`member_initializations`), or the positions a result gives
-(the last draw of each chain of a :class:`~pyrobnn.infer.posterior.Posterior`, so one chain per
+(the last draw of each chain of a :class:`~pyrobnn.infer.results.posterior.Posterior`, so one chain per
 ensemble member). :func:`chain_starts` is the rule of the stochastic-gradient samplers."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import copy
 
 import torch
 
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.utils.validation import check_positive_int
 
 __all__ = ["initial_positions", "member_initializations", "chain_starts"]
@@ -19,7 +19,7 @@ __all__ = ["initial_positions", "member_initializations", "chain_starts"]
 
 def initial_positions(potential, init, num_chains, init_radius, generator):
     """Unconstrained starting positions ``(chains, dim)``: uniform on ``[-init_radius,
-    init_radius]`` (``init=None``), or from ``init`` (a :class:`~pyrobnn.infer.posterior.Posterior`:
+    init_radius]`` (``init=None``), or from ``init`` (a :class:`~pyrobnn.infer.results.posterior.Posterior`:
     the last draw of each chain, so one chain per ensemble member; or a tensor)."""
     if init is None:
         if not isinstance(num_chains, int) or num_chains < 1:

@@ -4,7 +4,7 @@
 (:class:`~pyrobnn.infer.core.potential.FlatPotential`) and the starting positions
 (:func:`initial_positions`), takes the backend that runs the kernel by the rule of
 :mod:`pyrobnn.infer.mcmc.backend`, runs the kernel without gradients and unpacks the draws into
-a :class:`~pyrobnn.infer.posterior.Posterior`. :func:`run_in_process_groups` splits the chains
+a :class:`~pyrobnn.infer.results.posterior.Posterior`. :func:`run_in_process_groups` splits the chains
 over processes (:mod:`pyrobnn.infer.core.processes`) and joins their posteriors.
 """
 
@@ -21,7 +21,7 @@ from pyrobnn.utils import memory
 from pyrobnn.infer.core.checkpoints import RunCheckpoint
 from pyrobnn.infer.mcmc import native as native_kernels
 from pyrobnn.infer.mcmc.backend import ExecutionPath, choose_path
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.starts import initial_positions
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows

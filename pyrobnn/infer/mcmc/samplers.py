@@ -16,7 +16,7 @@ from pyrobnn.infer.mcmc.backend import resolve_backend
 from pyrobnn.infer.mcmc.mclmc_kernel import sample_mclmc
 from pyrobnn.infer.mcmc.nuts_kernel import sample_nuts
 from pyrobnn.infer.mcmc.runner import run_in_process_groups, run_sampler
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
 from pyrobnn.utils.validation import check_positive_number, validate_training_data
 
@@ -62,7 +62,7 @@ def nuts(
         chains run in lockstep as one batch.
     :param init: starting positions, one chain each: a
         :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior` (ensemble-initialized NUTS, Sommer
-        et al. 2024), any other :class:`~pyrobnn.infer.posterior.Posterior` (its last draws) or
+        et al. 2024), any other :class:`~pyrobnn.infer.results.posterior.Posterior` (its last draws) or
         unconstrained vectors ``(chains, dim)``;
         ``num_chains`` is then their number.
     :param backend: which code runs the transitions (:mod:`pyrobnn.infer.mcmc.backend`):
@@ -167,7 +167,7 @@ def mclmc(
         whose positions are kept for their autocorrelation: a run killed there goes on from the
         phase's start) and at the end; the same call with the same file resumes from it, as in
         :func:`nuts`.
-    :returns: a :class:`~pyrobnn.infer.posterior.Posterior` with ``num_samples // thinning`` draws per chain; its stats
+    :returns: a :class:`~pyrobnn.infer.results.posterior.Posterior` with ``num_samples // thinning`` draws per chain; its stats
         hold the potential at each draw (``energy``), the energy errors, the tuned ``step_size``,
         ``L`` and ``inv_mass``, and the steps undone for a non-finite result (``nonfinite``).
     """

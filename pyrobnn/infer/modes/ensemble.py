@@ -34,7 +34,7 @@ import torch
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.core.checkpoints import RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.starts import member_initializations
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
@@ -49,7 +49,7 @@ class EnsemblePosterior(Posterior):
     """A deep ensemble as posterior draws: ``samples[name]`` has shape ``(K, 1, *shape)``, one
     chain of one draw per member, so :func:`pyrobnn.predict` (the equal-weight mixture),
     ``pyro.infer.Predictive(model, posterior_samples=result.flat_samples())`` and
-    :func:`pyrobnn.infer.diagnostics.inference_data` take it as they take MCMC draws, and the samplers
+    :func:`pyrobnn.infer.results.diagnostics.inference_data` take it as they take MCMC draws, and the samplers
     take it as starting positions (``init=``).
 
     ``stats`` holds per member the best validation negative log-likelihood per point

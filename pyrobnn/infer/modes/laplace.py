@@ -18,7 +18,7 @@ and the linearized (GLM) predictive :math:`f(x, w) \approx f(x, \hat w) + J(x)(w
 (Immer et al. 2021) come from laplace-torch (Daxberger et al. 2021), on a deterministic copy of
 the network at the MAP; this module maps the model's priors and likelihood onto it and maps its
 weight samples back onto the model's sites, so that the result is a posterior sample container
-like NUTS's (:func:`pyrobnn.predict`, ``pyro.infer.Predictive``, :mod:`pyrobnn.infer.diagnostics`).
+like NUTS's (:func:`pyrobnn.predict`, ``pyro.infer.Predictive``, :mod:`pyrobnn.infer.results.diagnostics`).
 
 Supported (its declaration in :mod:`pyrobnn.methods`): Gaussian priors
 (:class:`~pyrobnn.models.priors.NormalPrior`, one precision per site; the marginal likelihood can tune
@@ -43,8 +43,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pyrobnn.utils import memory
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
-from pyrobnn.infer.posterior import Posterior
-from pyrobnn.infer.result import evenly_spaced
+from pyrobnn.infer.results.posterior import Posterior
+from pyrobnn.infer.results.protocol import evenly_spaced
 from pyrobnn.models.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from pyrobnn.methods import LATENT_ONLY, MethodSpec, Support, check_budget, refuse_unsupported, register
 from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, validate_training_data
@@ -122,7 +122,7 @@ class LaplacePosterior(Posterior):
         """The posterior predictive at ``x``: the linearized (GLM) predictive by default
         (:meth:`linearized_predict`, which Daxberger et al. 2021 recommend for the Laplace
         approximation: the network itself at Gaussian weight draws underfits), or with
-        ``linearized=False`` the network at each draw (:func:`~pyrobnn.infer.predictive.predict_draws`,
+        ``linearized=False`` the network at each draw (:func:`~pyrobnn.infer.results.predictive.predict_draws`,
         which takes ``sample_batch_size``). ``num_samples`` draws of the result are used, spread
         over them (``None``: all); ``batch_size`` points per pass (default: from the memory budget);
         ``seed`` is accepted for the protocol (both predictives use the stored draws)."""

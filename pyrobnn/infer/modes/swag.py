@@ -35,7 +35,7 @@ from pyrobnn.infer.core.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
 from pyrobnn.infer.core.checkpoints import RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
 from pyrobnn.utils.validation import check_positive_int, validate_training_data

@@ -38,7 +38,7 @@ from pyrobnn.infer.core.starts import chain_starts
 from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_step, sgld_step
 from pyrobnn.infer.core.checkpoints import RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint_grad
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
 from pyrobnn.utils.validation import validate_training_data
@@ -158,7 +158,7 @@ def sgld(
     init=None, seed: int = 0, progress: bool = True, checkpoint=None, checkpoint_every=None, checkpoint_seconds: float = 60.0,
 ) -> Posterior:
     """SGLD draws from ``model``'s posterior given ``(x, y)``, as an
-    :class:`~pyrobnn.infer.posterior.Posterior` (``predict``, ``Predictive`` and ArviZ take it).
+    :class:`~pyrobnn.infer.results.posterior.Posterior` (``predict``, ``Predictive`` and ArviZ take it).
 
     :param step_size: :math:`\\epsilon` (the initial one with ``schedule="cyclical"``), or
         ``"auto"``: ``AUTO_STEP`` over the largest curvature of the log joint at the starting

@@ -13,7 +13,7 @@ import torch
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.core.checkpoints import RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
-from pyrobnn.infer.posterior import Posterior
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.starts import chain_starts
 from pyrobnn.infer.sgmcmc.smile_kernel import SMILESettings, SMILEState, smile_init, smile_step
@@ -37,7 +37,7 @@ def smile(
     checkpoint=None, checkpoint_every=None, checkpoint_seconds: float = 60.0,
 ) -> Posterior:
     """Stochastic-gradient microcanonical Langevin draws (SMILE; Sommer et al. 2026, ICML) from
-    ``model``'s posterior given ``(x, y)``, as a :class:`~pyrobnn.infer.posterior.Posterior`.
+    ``model``'s posterior given ``(x, y)``, as a :class:`~pyrobnn.infer.results.posterior.Posterior`.
 
     ``num_warmup`` steps in which the gradient-noise preconditioner (``precondition``: pSMILE;
     ``False``: plain SMILE) and, with ``tune``, each chain's step size adapt, then

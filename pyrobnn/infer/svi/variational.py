@@ -1,4 +1,4 @@
-"""A trained guide as a result: the verbs of every posterior (:class:`~pyrobnn.infer.result.Result`).
+"""A trained guide as a result: the verbs of every posterior (:class:`~pyrobnn.infer.results.protocol.Result`).
 
 Guides stay guides: Pyro calls them (``SVI``, ``Predictive``), and they are ``nn.Module`` s that
 :func:`pyrobnn.fit` trains. :func:`pyrobnn.fit` and :func:`pyrobnn.ivon` return a
@@ -17,9 +17,9 @@ import torch
 from pyro.infer import Predictive
 
 from pyrobnn.guides import build_guide, guide_config
-from pyrobnn.infer.posterior import Posterior
-from pyrobnn.infer.predictive import predict_guide
-from pyrobnn.infer.result import Result, describe_settings, plain
+from pyrobnn.infer.results.posterior import Posterior
+from pyrobnn.infer.results.predictive import predict_guide
+from pyrobnn.infer.results.protocol import Result, describe_settings, plain
 from pyrobnn.infer.svi.history import History
 from pyrobnn.utils.io import load, safe_load, save
 from pyrobnn.utils.validation import check_positive_int
@@ -37,7 +37,7 @@ class VariationalPosterior(Result):
     :param num_draws: the guide draws that stand for this posterior where a verb is not given a
         number (``predict``, ``to_arviz``, ``as_draws``).
 
-    ``stats`` holds the history per epoch in the schema of :data:`~pyrobnn.infer.result.STATS`
+    ``stats`` holds the history per epoch in the schema of :data:`~pyrobnn.infer.results.protocol.STATS`
     (``elbo_loss``, ``elbo_nll``, ``elbo_kl``).
     """
 
@@ -69,7 +69,7 @@ class VariationalPosterior(Result):
 
     def predict(self, x, num_samples=None, *, seed=None, batch_size=None, sample_batch_size=None, method: str = "sample"):
         """The posterior predictive at ``x`` from ``num_samples`` weight draws of the guide
-        (default ``num_draws``; :func:`~pyrobnn.infer.predictive.predict_guide`); ``method="mean"`` for
+        (default ``num_draws``; :func:`~pyrobnn.infer.results.predictive.predict_guide`); ``method="mean"`` for
         the prediction at the posterior mean."""
         num_samples = self.num_draws if num_samples is None else num_samples
         return predict_guide(self.model, self.guide, x, num_samples, method=method, seed=seed, batch_size=batch_size,
@@ -78,7 +78,7 @@ class VariationalPosterior(Result):
     @torch.no_grad()
     def as_draws(self, num_samples=None, *, seed=None, x=None) -> Posterior:
         """``num_samples`` draws (default ``num_draws``) of every latent site from the guide, as
-        one chain of a :class:`~pyrobnn.infer.posterior.Posterior` (family ``"variational"``).
+        one chain of a :class:`~pyrobnn.infer.results.posterior.Posterior` (family ``"variational"``).
         ``x`` is passed to a guide that reads its inputs (ours do not)."""
         num_samples = self.num_draws if num_samples is None else num_samples
         check_positive_int("num_samples", num_samples)
@@ -101,12 +101,12 @@ class VariationalPosterior(Result):
         return Posterior(samples, {}, time.perf_counter() - start, self.method, "variational", settings, self.model)
 
     def sample(self, num_samples: int = 1000, seed: int | None = None, x=None) -> Posterior:
-        """``num_samples`` draws as a :class:`~pyrobnn.infer.posterior.Posterior` (:meth:`as_draws`)."""
+        """``num_samples`` draws as a :class:`~pyrobnn.infer.results.posterior.Posterior` (:meth:`as_draws`)."""
         return self.as_draws(num_samples, seed=seed, x=x)
 
     def to_arviz(self, x, y=None, *, num_samples=None, seed=None, observed: bool = True):
         """An ``arviz.InferenceData`` of ``num_samples`` guide draws (default ``num_draws``) as one
-        chain (see :meth:`Posterior.to_arviz <pyrobnn.infer.posterior.Posterior.to_arviz>`)."""
+        chain (see :meth:`Posterior.to_arviz <pyrobnn.infer.results.posterior.Posterior.to_arviz>`)."""
         return self.as_draws(num_samples, seed=seed, x=x).to_arviz(x, y, observed=observed)
 
     def save(self, path) -> None:

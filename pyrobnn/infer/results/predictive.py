@@ -18,7 +18,7 @@ import torch
 from pyro.infer import Predictive
 
 from pyrobnn.utils import memory
-from pyrobnn.infer.result import Result, evenly_spaced
+from pyrobnn.infer.results.protocol import Result, evenly_spaced
 from pyrobnn.models.functional import batched_stack, call_with_weights, swap_parameters
 from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, check_same_placement
 
@@ -208,7 +208,7 @@ def predict(model, posterior, x, num_samples: Optional[int] = None, *, method: s
             sample_batch_size: Optional[int] = None, seed: Optional[int] = None):
     r"""The posterior predictive at ``x``.
 
-    :param posterior: any method's result (a :class:`~pyrobnn.infer.result.Result`: its own
+    :param posterior: any method's result (a :class:`~pyrobnn.infer.results.protocol.Result`: its own
         ``predict`` answers, so ``pyrobnn.predict(model, result, x)`` is ``result.predict(x)``),
         a trained guide, or posterior samples ``{site: (S, *shape)}``.
     :param num_samples: how many weight draws: ``None`` uses the result's own (all stored draws;

@@ -14,8 +14,8 @@ import warnings
 import numpy as np
 import torch
 
-from pyrobnn.infer.result import Result
-from pyrobnn.infer.predictive import network_outputs
+from pyrobnn.infer.results.protocol import Result
+from pyrobnn.infer.results.predictive import network_outputs
 from pyrobnn.utils.validation import as_tensor
 
 __all__ = [
@@ -33,7 +33,7 @@ def _az():
 
 def _draws_of(posterior):
     """``(samples {site: (chains, draws, *shape)}, stats)`` of a result (its
-    :meth:`~pyrobnn.infer.result.Result.as_draws`) or of a dict of draws."""
+    :meth:`~pyrobnn.infer.results.protocol.Result.as_draws`) or of a dict of draws."""
     if isinstance(posterior, Result):
         draws = posterior.as_draws()
         return draws.samples, draws.stats
@@ -74,7 +74,7 @@ def _data(model, x, y):
 
 def inference_data(model, posterior, x, y=None, observed=True):
     """An ``arviz.InferenceData`` for posterior draws of ``model`` (any method's result, read
-    through its :meth:`~pyrobnn.infer.result.Result.as_draws`, or a dict ``{site: (chains, draws,
+    through its :meth:`~pyrobnn.infer.results.protocol.Result.as_draws`, or a dict ``{site: (chains, draws,
     *shape)}``):
 
     - ``posterior``: every latent site, and ``f``, the network's output at ``x``;

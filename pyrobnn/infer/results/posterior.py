@@ -1,9 +1,9 @@
 r"""One result type for every posterior method: draws of the model's latent sites with the verbs
-every method shares (the protocol :class:`~pyrobnn.infer.result.Result`).
+every method shares (the protocol :class:`~pyrobnn.infer.results.protocol.Result`).
 
 A :class:`Posterior` holds draws ``{site: (chains, draws, *shape)}`` of a
 :class:`~pyrobnn.models.BayesianModel`'s latent sites (its random weights and any latent noise
-scale), the statistics the method recorded (a fixed schema, :data:`~pyrobnn.infer.result.STATS`), the wall time and
+scale), the statistics the method recorded (a fixed schema, :data:`~pyrobnn.infer.results.protocol.STATS`), the wall time and
 how it was made. NUTS, MCLMC, SGLD and SGHMC fill it with Markov chains; a deep ensemble with one
 draw per member (:class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior`); Laplace and SWAG
 with draws from their Gaussians (:class:`~pyrobnn.infer.modes.laplace.LaplacePosterior`,
@@ -13,9 +13,9 @@ predictive, the moments). A trained guide gets the same verbs through
 
 The verbs:
 
-- ``predict(x)``: the posterior predictive (:func:`~pyrobnn.infer.predictive.predict_draws`), the
+- ``predict(x)``: the posterior predictive (:func:`~pyrobnn.infer.results.predictive.predict_draws`), the
   mixture over all draws;
-- ``to_arviz(x, y)``: an ``arviz.InferenceData`` (:func:`pyrobnn.infer.diagnostics.inference_data`);
+- ``to_arviz(x, y)``: an ``arviz.InferenceData`` (:func:`pyrobnn.infer.results.diagnostics.inference_data`);
 - ``as_draws()``: itself, or a subset of its draws;
 - ``save(path)`` / ``Posterior.load(path, model)``: one file written atomically and read with
   ``torch.load(weights_only=True)``; the model's structure is recorded and a model that differs is
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pyrobnn.infer.diagnostics import between_chain_rhat, inference_data, within_chain_rhat
-from pyrobnn.infer.predictive import predict_draws
-from pyrobnn.infer.result import FAMILIES, STATS, Result, check_stats, check_structure, describe_settings, evenly_spaced, plain, structure
+from pyrobnn.infer.results.diagnostics import between_chain_rhat, inference_data, within_chain_rhat
+from pyrobnn.infer.results.predictive import predict_draws
+from pyrobnn.infer.results.protocol import FAMILIES, STATS, Result, check_stats, check_structure, describe_settings, evenly_spaced, plain, structure
 from pyrobnn.utils.io import atomic_save, safe_load
 from pyrobnn.utils.validation import check_positive_int
 
@@ -48,8 +48,8 @@ _KINDS: dict = {}
 @dataclass
 class Posterior(Result):
     """Draws of every latent site, ``{name: (chains, draws, *shape)}``, with the method's
-    statistics (:data:`~pyrobnn.infer.result.STATS`), its wall time in seconds, a label, its family
-    (:data:`~pyrobnn.infer.result.FAMILIES`), the settings it was made with, and the model it
+    statistics (:data:`~pyrobnn.infer.results.protocol.STATS`), its wall time in seconds, a label, its family
+    (:data:`~pyrobnn.infer.results.protocol.FAMILIES`), the settings it was made with, and the model it
     belongs to."""
 
     samples: dict
@@ -102,7 +102,7 @@ class Posterior(Result):
 
     # -- verbs -------------------------------------------------------------------------------
     def predict(self, x, num_samples=None, *, seed=None, batch_size=None, sample_batch_size=None):
-        """The posterior predictive at ``x`` (:func:`~pyrobnn.infer.predictive.predict_draws`): the
+        """The posterior predictive at ``x`` (:func:`~pyrobnn.infer.results.predictive.predict_draws`): the
         equal-weight mixture over all draws, or over ``num_samples`` of them spread evenly over
         the chains. ``seed`` is accepted for the protocol: stored draws need no randomness."""
         model = self._require_model("predict")
@@ -121,7 +121,7 @@ class Posterior(Result):
         return Posterior(samples, stats, self.seconds, self.method, self.family, self.settings, self.model)
 
     def to_arviz(self, x, y=None, *, num_samples=None, seed=None, observed: bool = True):
-        """An ``arviz.InferenceData`` (:func:`pyrobnn.infer.diagnostics.inference_data`): the sites and
+        """An ``arviz.InferenceData`` (:func:`pyrobnn.infer.results.diagnostics.inference_data`): the sites and
         the network's output at ``x`` per chain and draw (``num_samples`` of them, default all),
         simulated targets, and with ``y`` the pointwise log-likelihood (for ``az.loo``) and the
         observed data; the sampler's per-draw statistics in ``sample_stats``."""

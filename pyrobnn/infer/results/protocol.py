@@ -1,7 +1,7 @@
 r"""The result protocol: what every method returns, and what every consumer takes.
 
 Every registered method (:mod:`pyrobnn.methods`) returns a :class:`Result`: draws of a
-:class:`~pyrobnn.models.BayesianModel`'s latent sites (:class:`~pyrobnn.infer.posterior.Posterior`
+:class:`~pyrobnn.models.BayesianModel`'s latent sites (:class:`~pyrobnn.infer.results.posterior.Posterior`
 and its subclasses: samplers, ensembles, Laplace, SWAG) or a trained guide that draws them on
 demand (:class:`~pyrobnn.infer.svi.variational.VariationalPosterior`: SVI, IVON). Both answer the same
 verbs with the same signatures:
@@ -18,13 +18,13 @@ verbs with the same signatures:
   to load (a guide's class and settings are saved and it is rebuilt);
 - ``summary()``: what it is, how it was made, and the diagnostics that apply;
 - ``as_draws(num_samples=None, *, seed=None)``: the result as draws
-  ``{site: (chains, draws, *shape)}`` in a :class:`~pyrobnn.infer.posterior.Posterior`, which
+  ``{site: (chains, draws, *shape)}`` in a :class:`~pyrobnn.infer.results.posterior.Posterior`, which
   ArviZ conversion, diagnostics and ``compare`` read;
 
 and carry ``family`` (a :data:`FAMILIES` key), ``method`` (a label), ``settings`` (how it was
 made: plain numbers, strings, tensors and lists or dicts of them, an object given as an argument
 recorded by its description, so a reloaded result has the same settings), ``stats`` (what the method recorded, in the :data:`STATS` schema), ``seconds`` and
-``model``. Consumers (:func:`pyrobnn.predict`, :mod:`pyrobnn.infer.diagnostics`,
+``model``. Consumers (:func:`pyrobnn.predict`, :mod:`pyrobnn.infer.results.diagnostics`,
 :mod:`pyrobnn.apps.compare`) dispatch on ``isinstance(result, Result)``, never on attribute checks.
 """
 
@@ -86,7 +86,7 @@ def check_stats(stats: dict, chains: int, draws: int) -> None:
     """Refuse a ``stats`` dict outside the :data:`STATS` schema, naming the key."""
     for key, value in stats.items():
         if key not in STATS:
-            raise ValueError(f"stats key {key!r} is not in the schema (pyrobnn.infer.result.STATS)")
+            raise ValueError(f"stats key {key!r} is not in the schema (pyrobnn.infer.results.protocol.STATS)")
         kind = STATS[key][0]
         if kind == "run" or not isinstance(value, torch.Tensor):
             continue
@@ -134,7 +134,7 @@ class Result(abc.ABC):
     @abc.abstractmethod
     def as_draws(self, num_samples=None, *, seed=None):
         """The result as draws of every latent site, a
-        :class:`~pyrobnn.infer.posterior.Posterior`."""
+        :class:`~pyrobnn.infer.results.posterior.Posterior`."""
 
 
 def structure(model) -> dict:
