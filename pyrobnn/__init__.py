@@ -21,6 +21,7 @@ from pyrobnn.guides import (
     VariationalDropout,
 )
 from pyrobnn.infer import KLAnnealing, SplitELBO, SVITrainer, fit
+from pyrobnn.infer.core.checkpoints import Checkpointing
 from pyrobnn.infer.svi import ivon
 from pyrobnn.infer.ensemble_sampling import ensemble_sampling
 from pyrobnn.infer.mcmc import mclmc, nuts, pyro_nuts
@@ -94,6 +95,7 @@ __all__ = [
     "methods",
     "memory",
     "load_posterior",
+    "Checkpointing",
     "SVIModule",
     "EnsembleModule",
     "EndProcessGroup",

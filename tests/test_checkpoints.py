@@ -66,22 +66,22 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(nam
 
     monkeypatch.setattr(RunCheckpoint, "save", save_then_die)
     with pytest.raises(Killed):
-        run(_model(), x, y, progress=False, checkpoint=path, checkpoint_every=3)
+        run(_model(), x, y, progress=False, checkpoint=pyrobnn.Checkpointing(path, every=3))
     monkeypatch.setattr(RunCheckpoint, "save", real_save)
-    resumed = run(_model(), x, y, progress=False, checkpoint=path, checkpoint_every=3)
+    resumed = run(_model(), x, y, progress=False, checkpoint=pyrobnn.Checkpointing(path, every=3))
     for k, v in whole.samples.items():
         torch.testing.assert_close(resumed.samples[k], v, rtol=0, atol=0)
     for k, v in whole.stats.items():
         if isinstance(v, torch.Tensor):
             torch.testing.assert_close(resumed.stats[k], v, rtol=0, atol=0)
     # the finished run's file gives the result again without running
-    again = run(_model(), x, y, progress=False, checkpoint=path, checkpoint_every=3)
+    again = run(_model(), x, y, progress=False, checkpoint=pyrobnn.Checkpointing(path, every=3))
     for k, v in whole.samples.items():
         torch.testing.assert_close(again.samples[k], v, rtol=0, atol=0)
     # the same file for a run with other settings is refused by name, and left as it was
     before = os.path.getmtime(path)
     with pytest.raises(ValueError, match="was written by another .* run: seed is 0 there and 1 here"):
-        run(_model(), x, y, progress=False, checkpoint=path, checkpoint_every=3, seed=1)
+        run(_model(), x, y, progress=False, checkpoint=pyrobnn.Checkpointing(path, every=3), seed=1)
     assert os.path.getmtime(path) == before
 
 
@@ -105,7 +105,7 @@ torch.manual_seed(0)
 model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(4,)), pyrobnn.GaussianLikelihood(scale=dist.LogNormal(math.log(0.1), 0.5)), pyrobnn.NormalPrior(1.0))
 x = torch.linspace(-1, 1, 24).unsqueeze(-1)
 y = torch.sin(2 * x) + 0.1 * torch.randn(24, 1, generator=torch.Generator().manual_seed(1))
-pyrobnn.nuts(model, x, y, num_samples=150, num_warmup=50, num_chains=2, max_tree_depth=4, backend="eager", progress=False, checkpoint=sys.argv[1], checkpoint_every=1)
+pyrobnn.nuts(model, x, y, num_samples=150, num_warmup=50, num_chains=2, max_tree_depth=4, backend="eager", progress=False, checkpoint=pyrobnn.Checkpointing(sys.argv[1], every=1))
 """
 
 
@@ -130,7 +130,7 @@ def test_nuts_killed_by_a_signal_resumes_to_the_uninterrupted_draws(tmp_path):
     x, y = _data()
     kw = dict(num_samples=150, num_warmup=50, num_chains=2, max_tree_depth=4, backend="eager", progress=False)
     whole = pyrobnn.nuts(_model(), x, y, **kw)
-    resumed = pyrobnn.nuts(_model(), x, y, checkpoint=path, checkpoint_every=5, **kw)
+    resumed = pyrobnn.nuts(_model(), x, y, checkpoint=pyrobnn.Checkpointing(path, every=5), **kw)
     for k, v in whole.samples.items():
         torch.testing.assert_close(resumed.samples[k], v, rtol=0, atol=0)
 

@@ -185,8 +185,10 @@ def test_fit_refuses_fractional_epochs_and_zero_particles_or_checkpoint_interval
         pyrobnn.fit(model, guide, x, y, epochs=2.5, progress=False)
     with pytest.raises(ValueError, match="num_particles must be a positive integer, got 0"):
         pyrobnn.fit(model, guide, x, y, epochs=1, num_particles=0, progress=False)
-    with pytest.raises(ValueError, match="checkpoint_every must be a positive integer, got 0"):
-        pyrobnn.fit(model, guide, x, y, epochs=1, checkpoint_every=0, progress=False)
+    with pytest.raises(ValueError, match="every must be a positive integer, got 0"):
+        pyrobnn.fit(model, guide, x, y, epochs=1, checkpoint=pyrobnn.Checkpointing("run.ckpt", every=0), progress=False)
+    with pytest.raises(TypeError, match="checkpoint must be a file path or a Checkpointing"):
+        pyrobnn.fit(model, guide, x, y, epochs=1, checkpoint=5, progress=False)
     assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())
 
 

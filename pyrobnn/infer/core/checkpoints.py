@@ -1,9 +1,10 @@
 """Checkpoints of long runs (NUTS, MCLMC, deep ensembles, SWAG, SG-MCMC), so that a killed run
 loses nothing.
 
-A method called with ``checkpoint=path`` writes its whole state to ``path`` every
-``checkpoint_every`` iterations (draws, steps or epochs, as the method counts) or
-``checkpoint_seconds`` seconds, whichever comes first, and when it ends. The same call with the
+A method called with ``checkpoint=path``, or ``checkpoint=Checkpointing(path, every=..., seconds=...)``
+(:class:`Checkpointing`, the one options object every method takes), writes its whole state to
+``path`` every ``every`` iterations (draws, steps or epochs, as the method counts) or ``seconds``
+seconds, whichever comes first, and when it ends. The same call with the
 same path reads that state and goes on from it: the random generators, adaptation, optimizer
 moments and draws so far are all in the state, so the resumed run gives bit-exactly the result of
 an uninterrupted one; a finished run's file returns its result at once. The file records what
@@ -15,15 +16,19 @@ on from another run's state. Files are written atomically and read with
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
+from typing import Optional
 
 import torch
 
+from pyrobnn.infer.results.protocol import structure
+from pyrobnn.utils.io import atomic_save, safe_load
 from pyrobnn.utils.validation import check_positive_int, check_positive_number
 
-__all__ = ["RunCheckpoint", "digest", "FORMAT"]
+__all__ = ["Checkpointing", "RunCheckpoint", "digest", "FORMAT"]
 
 FORMAT = "pyrobnn-run-checkpoint"
 VERSION = 1
@@ -48,27 +53,64 @@ def digest(*tensors) -> str:
     return h.hexdigest()
 
 
-class RunCheckpoint:
-    """The checkpoint of one run: ``path`` (``None``: none is written), the run's ``identity``
-    (plain values that must agree for a resume), and when to write it."""
+@dataclasses.dataclass(frozen=True)
+class Checkpointing:
+    """Where and how often a long run writes its state: to ``path``, after every ``every``
+    iterations (draws, steps or epochs, as the method counts; ``None``: by time alone) or once
+    ``seconds`` have passed since the last write, whichever comes first, and always at the end.
+    Every method that checkpoints takes it as ``checkpoint=``, or a bare path for the defaults."""
 
-    def __init__(self, path, kind: str, identity: dict, every=None, seconds: float = 60.0):
-        if every is not None:
-            check_positive_int("checkpoint_every", every)
-        check_positive_number("checkpoint_seconds", seconds)
-        self.path = None if path is None else os.fspath(path)
-        self.kind, self.identity, self.every, self.seconds = kind, identity, every, float(seconds)
+    path: str
+    every: Optional[int] = None
+    seconds: float = 60.0
+
+    def __post_init__(self):
+        if not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path):
+            raise TypeError(f"Checkpointing's path must be a file path (a str or os.PathLike), got {self.path!r}")
+        object.__setattr__(self, "path", os.fspath(self.path))
+        if self.every is not None:
+            check_positive_int("every", self.every)
+        check_positive_number("seconds", self.seconds)
+
+    @classmethod
+    def of(cls, checkpoint) -> "Optional[Checkpointing]":
+        """``checkpoint`` as a method's argument takes it: ``None`` (no checkpoints), a path, or a
+        :class:`Checkpointing`."""
+        if checkpoint is None or isinstance(checkpoint, Checkpointing):
+            return checkpoint
+        if isinstance(checkpoint, (str, os.PathLike)):
+            return cls(checkpoint)
+        raise TypeError(f"checkpoint must be a file path or a Checkpointing(path, every=..., seconds=...), got {type(checkpoint).__name__}")
+
+    def with_suffix(self, suffix: str) -> "Checkpointing":
+        """The same options for the file ``path + suffix`` (a process group's, a MAP's)."""
+        return dataclasses.replace(self, path=self.path + suffix)
+
+    def due(self, count: int, last_write: float) -> bool:
+        """Whether the state after ``count`` iterations is to be written, the last write having
+        been at ``time.monotonic()`` = ``last_write``."""
+        if self.every is not None and count % self.every == 0:
+            return True
+        return time.monotonic() - last_write >= self.seconds
+
+
+class RunCheckpoint:
+    """The checkpoint of one run: where and how often (a :class:`Checkpointing`, or ``None``:
+    none is written) and the run's ``identity`` (plain values that must agree for a resume)."""
+
+    def __init__(self, checkpointing, kind: str, identity: dict):
+        self.options = Checkpointing.of(checkpointing)
+        self.path = None if self.options is None else self.options.path
+        self.kind, self.identity = kind, identity
         self._last = time.monotonic()
 
     @classmethod
-    def of_run(cls, path, kind: str, settings: dict, model, data, start, every=None, seconds: float = 60.0) -> "RunCheckpoint":
+    def of_run(cls, checkpointing, kind: str, settings: dict, model, data, start) -> "RunCheckpoint":
         """The checkpoint of a run of ``model`` with these ``settings`` on the tensors ``data``
         from the positions ``start``: its identity is the settings, SHA-256 hashes of the data
         and the start, and the model's structure."""
-        from pyrobnn.infer.results.protocol import structure
-
         identity = dict(settings, data=digest(*data), start=digest(start), structure=structure(model))
-        return cls(path, kind, identity, every, seconds)
+        return cls(checkpointing, kind, identity)
 
     @property
     def enabled(self) -> bool:
@@ -78,8 +120,6 @@ class RunCheckpoint:
         """The saved state of this run, or ``None`` when there is no file yet."""
         if self.path is None or not os.path.exists(self.path):
             return None
-        from pyrobnn.utils.io import safe_load
-
         obj = safe_load(self.path, map_location="cpu")
         if not isinstance(obj, dict) or obj.get("format") != FORMAT:
             raise ValueError(f"{self.path} is not a pyrobnn run checkpoint: pass another checkpoint path")
@@ -97,18 +137,12 @@ class RunCheckpoint:
 
     def due(self, count: int) -> bool:
         """Whether the state after ``count`` iterations is to be written."""
-        if self.path is None:
-            return False
-        if self.every is not None and count % self.every == 0:
-            return True
-        return time.monotonic() - self._last >= self.seconds
+        return self.options is not None and self.options.due(count, self._last)
 
     def save(self, state: dict) -> None:
         """Write ``state`` (tensors and plain values) atomically."""
         if self.path is None:
             return
-        from pyrobnn.utils.io import atomic_save
-
         atomic_save({"format": FORMAT, "version": VERSION, "kind": self.kind, "identity": self.identity, "state": state}, self.path)
         self._last = time.monotonic()
 

@@ -45,8 +45,8 @@ def run_sampler(
     with a warning), and unpack the draws ``(chains, draws, dim)`` into sites, with the potential
     at every draw and the backend in the stats.
 
-    :param checkpoint: ``(path, every, seconds)`` or ``None``: the run's
-        :class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint`, whose identity is the sampler, its
+    :param checkpoint: a :class:`~pyrobnn.infer.core.checkpoints.Checkpointing` or ``None``: the
+        run's :class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint`, whose identity is the sampler, its
         ``settings``, the data, the starting positions and the model's structure.
     """
     x, y = validate_training_data(model, x, y)
@@ -61,9 +61,8 @@ def run_sampler(
         settings = with_chain_count(settings, z0.shape[0])
         run_checkpoint = None
         if checkpoint is not None:
-            path_, every, seconds_ = checkpoint
             fixed = {k: v for k, v in (settings or {}).items() if k not in ("backend", "num_processes", "init")}
-            run_checkpoint = RunCheckpoint.of_run(path_, name, fixed, model, (x, potential.y), z0, every, seconds_)
+            run_checkpoint = RunCheckpoint.of_run(checkpoint, name, fixed, model, (x, potential.y), z0)
         start = time.perf_counter()
         # the positions are unconstrained and mapped into each support, so distribution argument
         # checks (Pyro's validation) cannot fail here except on a non-finite step, which the
@@ -114,8 +113,9 @@ def run_in_process_groups(
     """``sampler`` (:func:`nuts` or :func:`mclmc`) with its chains split over ``num_processes``
     processes: the starting positions are drawn here (from ``seed``, as in one process), group
     ``i`` samples from the seed ``seed + i``, and the groups' draws and per-chain statistics are
-    joined in chain order. With ``checkpoint`` (``(path, every, seconds)``), group ``i`` of
-    ``k`` checkpoints to ``<path>.group<i>-of-<k>``."""
+    joined in chain order. With ``checkpoint`` (a
+    :class:`~pyrobnn.infer.core.checkpoints.Checkpointing`), group ``i`` of ``k`` checkpoints to
+    ``<path>.group<i>-of-<k>``."""
     check_positive_int("num_processes", num_processes)
     x, y = validate_training_data(model, x, y)
     generator = torch.Generator(device=model.device).manual_seed(seed)
@@ -129,8 +129,7 @@ def run_in_process_groups(
     def group_checkpoint(i):
         if checkpoint is None:
             return {}
-        path_, every, seconds_ = checkpoint
-        return dict(checkpoint=f"{os.fspath(path_)}.group{i}-of-{len(groups)}", checkpoint_every=every, checkpoint_seconds=seconds_)
+        return dict(checkpoint=checkpoint.with_suffix(f".group{i}-of-{len(groups)}"))
 
     calls = [((model, x, y), dict(options, init=g, seed=seed + i, progress=False, **group_checkpoint(i))) for i, g in enumerate(groups)]
     start = time.perf_counter()

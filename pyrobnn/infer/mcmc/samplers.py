@@ -12,6 +12,7 @@ import time
 import pyro
 import torch
 
+from pyrobnn.infer.core.checkpoints import Checkpointing
 from pyrobnn.infer.mcmc.backend import resolve_backend
 from pyrobnn.infer.mcmc.mclmc_kernel import sample_mclmc
 from pyrobnn.infer.mcmc.nuts_kernel import sample_nuts
@@ -40,8 +41,6 @@ def nuts(
     init=None,
     num_processes: int = 1,
     checkpoint=None,
-    checkpoint_every=None,
-    checkpoint_seconds: float = 60.0,
     compile=None,
 ) -> Posterior:
     """NUTS for ``model`` conditioned on ``(x, y)``, all chains in one batched computation.
@@ -81,8 +80,9 @@ def nuts(
         (the starting positions are drawn here from ``seed``, so they do not change). The native
         kernels are built here first, so the processes load them instead of building their own.
     :param checkpoint: a file to write the run's state to (the chains, the warm-up's adaptation,
-        the random generator and the draws so far), every ``checkpoint_every`` transitions or
-        ``checkpoint_seconds`` seconds and at the end. The same call with the same file resumes
+        the random generator and the draws so far), or a
+        :class:`~pyrobnn.infer.core.checkpoints.Checkpointing` saying also how often (by default
+        every 60 seconds), and at the end. The same call with the same file resumes
         from it and gives the uninterrupted run's draws (on the same code path;
         :mod:`pyrobnn.infer.core.checkpoints`); with ``num_processes``, group ``i`` of ``k`` writes
         ``<checkpoint>.group<i>-of-<k>``.
@@ -95,7 +95,7 @@ def nuts(
     if not (isinstance(target_accept, (int, float)) and 0 < target_accept < 1):
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
     backend = resolve_backend(backend, compile)
-    run_checkpoint = None if checkpoint is None else (checkpoint, checkpoint_every, checkpoint_seconds)
+    run_checkpoint = Checkpointing.of(checkpoint)
     settings = dict(
         num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains, max_tree_depth=max_tree_depth,
         target_accept=target_accept, seed=seed, init_radius=init_radius, backend=backend, init=init, num_processes=num_processes,
@@ -141,8 +141,6 @@ def mclmc(
     progress: bool = True,
     num_processes: int = 1,
     checkpoint=None,
-    checkpoint_every=None,
-    checkpoint_seconds: float = 60.0,
     compile=None,
 ) -> Posterior:
     """Unadjusted MCLMC (:mod:`pyrobnn.infer.mcmc.mclmc_kernel`) for ``model`` conditioned on ``(x, y)``, all
@@ -162,8 +160,9 @@ def mclmc(
         ``"native"``, ``"compile"``, ``"eager"``); ``compile`` is its deprecated spelling.
     :param num_processes: run the chains in this many groups, one process each, as in
         :func:`nuts`.
-    :param checkpoint: a file to write the run's state to, every ``checkpoint_every`` steps or
-        ``checkpoint_seconds`` seconds (in the tuning phases as well, except inside the third,
+    :param checkpoint: a file to write the run's state to, or a
+        :class:`~pyrobnn.infer.core.checkpoints.Checkpointing` (every ``every`` steps or ``seconds``
+        seconds; in the tuning phases as well, except inside the third,
         whose positions are kept for their autocorrelation: a run killed there goes on from the
         phase's start) and at the end; the same call with the same file resumes from it, as in
         :func:`nuts`.
@@ -197,7 +196,7 @@ def mclmc(
         energy_variance=energy_variance, diagonal_preconditioning=diagonal_preconditioning, backend=backend,
     )
     settings = dict(options, num_chains=num_chains, seed=seed, init_radius=init_radius, init=init, num_processes=num_processes)
-    run_checkpoint = None if checkpoint is None else (checkpoint, checkpoint_every, checkpoint_seconds)
+    run_checkpoint = Checkpointing.of(checkpoint)
     if num_processes != 1:
         return run_in_process_groups(
             mclmc, "MCLMC", model, x, y, init, num_chains, init_radius, seed, num_processes, options, progress, settings, run_checkpoint,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pyrobnn.utils.progress import tqdm
-from pyrobnn.infer.core.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
@@ -223,8 +223,6 @@ def deep_ensemble(
     progress: bool = True,
     num_processes: int = 1,
     checkpoint=None,
-    checkpoint_every=None,
-    checkpoint_seconds: float = 60.0,
 ) -> EnsemblePosterior:
     """A deep ensemble of ``num_members`` members of ``model`` trained on ``(x, y)``.
 
@@ -241,8 +239,9 @@ def deep_ensemble(
     :param num_processes: train the members in this many groups, one process each
         (:mod:`pyrobnn.infer.core.processes`); every member follows the path it follows in one
         process (the same initialization and data order), up to floating-point rounding.
-    :param checkpoint: a file to write the training state to, every ``checkpoint_every``
-        epochs or ``checkpoint_seconds`` seconds and at the end; the same call with the same
+    :param checkpoint: a file to write the training state to, or a
+        :class:`~pyrobnn.infer.core.checkpoints.Checkpointing` (every ``every`` epochs or
+        ``seconds`` seconds), and at the end; the same call with the same
         file resumes from it and trains the members an uninterrupted run trains
         (:mod:`pyrobnn.infer.core.checkpoints`). With ``num_processes``, each process writes its own
         file, ``<checkpoint>.group<i>-of-<k>``.
@@ -254,6 +253,7 @@ def deep_ensemble(
         pred = pyrobnn.predict(model, ensemble, x_test, num_samples=None)   # the mixture
     """
     refuse_unsupported("deep_ensemble", model)
+    checkpointing = Checkpointing.of(checkpoint)
     for name, value in (("num_members", num_members), ("max_epochs", max_epochs), ("patience", patience)):
         check_budget("deep_ensemble", name, value)
     if batch_size is not None:
@@ -291,11 +291,9 @@ def deep_ensemble(
             patience=patience, seed=seed,
         )
         def run_checkpoint(rows, suffix=""):
-            if checkpoint is None:
+            if checkpointing is None:
                 return None
-            path = os.fspath(checkpoint) + suffix
-            return RunCheckpoint.of_run(path, "deep ensemble", options, model, (x, y_checked, x_val, y_val), rows, checkpoint_every,
-                                        checkpoint_seconds)
+            return RunCheckpoint.of_run(checkpointing.with_suffix(suffix), "deep ensemble", options, model, (x, y_checked, x_val, y_val), rows)
 
         if num_processes == 1:
             z, stats, history = train_members(

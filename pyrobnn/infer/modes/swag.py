@@ -33,7 +33,7 @@ import torch
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.core.curvature import largest_curvature
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
-from pyrobnn.infer.core.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
@@ -142,8 +142,6 @@ def swag(
     seed: int = 0,
     progress: bool = True,
     checkpoint=None,
-    checkpoint_every=None,
-    checkpoint_seconds: float = 60.0,
 ) -> SWAGPosterior:
     """SWAG on ``model`` given ``(x, y)``.
 
@@ -155,7 +153,8 @@ def swag(
     :param rank: :math:`K`, deviation columns kept.
     :param num_runs: independent SWAG runs, each from its own MAP member (MultiSWAG).
     :param checkpoint: a file to write the run's state to (the SGD phase's position, momentum,
-        data order and snapshots), every ``checkpoint_every`` epochs or ``checkpoint_seconds``
+        data order and snapshots), every ``every`` epochs or ``seconds`` of a
+        :class:`~pyrobnn.infer.core.checkpoints.Checkpointing`
         seconds and at the end; the same call with the same file resumes from it and gives the
         uninterrupted run's posterior (:mod:`pyrobnn.infer.core.checkpoints`). A MAP trained here
         checkpoints to ``<checkpoint>.map``.
@@ -163,6 +162,7 @@ def swag(
         members; default: trained here (``deep_ensemble(objective="map", **map_options)``).
     """
     refuse_unsupported("swag", model)
+    checkpoint = Checkpointing.of(checkpoint)
     for name, value in (("num_epochs", num_epochs), ("batch_size", batch_size), ("rank", rank), ("num_samples", num_samples), ("num_runs", num_runs)):
         check_budget("swag", name, value)
     if lr != "auto" and not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
@@ -178,7 +178,7 @@ def swag(
     if map_estimate is None:
         options = {"progress": False, **(map_options or {})}
         if checkpoint is not None:  # the MAP's training resumes too
-            options.setdefault("checkpoint", os.fspath(checkpoint) + ".map")
+            options.setdefault("checkpoint", checkpoint.with_suffix(".map"))
         map_estimate = deep_ensemble(model, x, y, num_members=num_runs, objective="map", seed=seed, **options)
     if not isinstance(map_estimate, EnsemblePosterior) or map_estimate.num_chains != num_runs:
         raise ValueError(f"map_estimate must be an EnsemblePosterior of num_runs={num_runs} members")
@@ -197,7 +197,7 @@ def swag(
         snapshots, epoch_losses, first_epoch = [], [], 0
         run = None
         if checkpoint is not None:
-            run = RunCheckpoint.of_run(os.fspath(checkpoint), "SWAG", settings_given, model, (x, y), z, checkpoint_every, checkpoint_seconds)
+            run = RunCheckpoint.of_run(checkpoint, "SWAG", settings_given, model, (x, y), z)
             saved = run.load()
             if saved is not None:
                 z.data = saved["z"].to(z.device)

@@ -36,7 +36,7 @@ from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.core.curvature import largest_curvature
 from pyrobnn.infer.core.starts import chain_starts
 from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_step, sgld_step
-from pyrobnn.infer.core.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint_grad
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
@@ -52,8 +52,9 @@ AUTO_STEP = 0.1
 
 
 def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
-         batch_size, num_chains, init, seed, progress, checkpoint=None, checkpoint_every=None, checkpoint_seconds=60.0):
+         batch_size, num_chains, init, seed, progress, checkpoint=None):
     refuse_unsupported(kind, model)
+    checkpoint = Checkpointing.of(checkpoint)
     settings_given = dict(
         step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
         num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=num_chains, seed=seed,
@@ -95,8 +96,7 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
         draws, steps_kept, first = [], [], 0
         run = None
         if checkpoint is not None:
-            run = RunCheckpoint.of_run(os.fspath(checkpoint), kind.upper(), settings_given, model, (x, y), z, checkpoint_every,
-                                       checkpoint_seconds)
+            run = RunCheckpoint.of_run(checkpoint, kind.upper(), settings_given, model, (x, y), z)
             saved = run.load()
             if saved is not None:
                 z, v = saved["z"].to(z.device), saved["v"].to(z.device)
@@ -155,7 +155,7 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
 def sgld(
     model, x, y, *, step_size: float = 1e-4, num_steps: int = 10_000, num_burnin=None, thinning: int = 50,
     schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128, num_chains: int = 1,
-    init=None, seed: int = 0, progress: bool = True, checkpoint=None, checkpoint_every=None, checkpoint_seconds: float = 60.0,
+    init=None, seed: int = 0, progress: bool = True, checkpoint=None,
 ) -> Posterior:
     """SGLD draws from ``model``'s posterior given ``(x, y)``, as an
     :class:`~pyrobnn.infer.results.posterior.Posterior` (``predict``, ``Predictive`` and ArviZ take it).
@@ -169,8 +169,9 @@ def sgld(
     :param num_chains: chains run as one batch, each started at the network's own initialization
         under seed ``seed + k`` (as deep-ensemble members are), or from ``init``.
     :param checkpoint: a file to write the chains' state to (positions, momenta, random
-        generators, data order, draws so far), every ``checkpoint_every`` steps or
-        ``checkpoint_seconds`` seconds and at the end; the same call with the same file resumes
+        generators, data order, draws so far), or a
+        :class:`~pyrobnn.infer.core.checkpoints.Checkpointing` (every ``every`` steps or ``seconds``
+        seconds), and at the end; the same call with the same file resumes
         from it and gives the uninterrupted run's draws (:mod:`pyrobnn.infer.core.checkpoints`).
 
     A step whose gradient or new position is not finite is handled by the one policy of
@@ -180,23 +181,20 @@ def sgld(
     """
     return _run(model, x, y, "sgld", step_size=step_size, friction=None, num_steps=num_steps, num_burnin=num_burnin,
                 thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
-                num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint,
-                checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds)
+                num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint)
 
 
 def sghmc(
     model, x, y, *, step_size: float = 1e-5, friction: float = 0.1, num_steps: int = 10_000, num_burnin=None,
     thinning: int = 50, schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128,
-    num_chains: int = 1, init=None, seed: int = 0, progress: bool = True, checkpoint=None, checkpoint_every=None,
-    checkpoint_seconds: float = 60.0,
+    num_chains: int = 1, init=None, seed: int = 0, progress: bool = True, checkpoint=None,
 ) -> Posterior:
     """SGHMC draws (learning rate ``step_size`` :math:`= \\eta`, or ``"auto"`` as in :func:`sgld`;
     ``friction`` :math:`= \\alpha`); otherwise as :func:`sgld`. With ``schedule="cyclical"`` this
     is cSGHMC."""
     return _run(model, x, y, "sghmc", step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin,
                 thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
-                num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint,
-                checkpoint_every=checkpoint_every, checkpoint_seconds=checkpoint_seconds)
+                num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint)
 
 
 _SG_BUDGETS = {"num_steps": 1, "thinning": 1, "num_cycles": 1, "batch_size": 1, "num_chains": 1}

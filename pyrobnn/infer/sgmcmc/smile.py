@@ -11,7 +11,7 @@ import time
 import torch
 
 from pyrobnn.utils.progress import tqdm
-from pyrobnn.infer.core.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
@@ -34,7 +34,7 @@ def smile(
     model, x, y, *, num_samples: int = 10_000, num_warmup: int = 10_000, thinning: int = 10, step_size: float = 1e-3,
     batch_size: int = 128, precondition: bool = True, tune: bool = False, reset_prob: float = 0.99, adaptation_prob: float = 0.05,
     adaptation_strength: float = 0.02, L=None, num_chains: int = 4, init=None, seed: int = 0, progress: bool = True,
-    checkpoint=None, checkpoint_every=None, checkpoint_seconds: float = 60.0,
+    checkpoint=None,
 ) -> Posterior:
     """Stochastic-gradient microcanonical Langevin draws (SMILE; Sommer et al. 2026, ICML) from
     ``model``'s posterior given ``(x, y)``, as a :class:`~pyrobnn.infer.results.posterior.Posterior`.
@@ -60,8 +60,9 @@ def smile(
         ``seed + k`` (as deep-ensemble members are), unless ``init`` gives the starts: a
         :class:`Posterior` (a deep ensemble: one chain per member, SMILE's ensemble
         initialization; or a sampler's result: its last draws) or a ``(chains, dim)`` tensor.
-    :param checkpoint: a file to write the chains' state to every ``checkpoint_every`` steps or
-        ``checkpoint_seconds`` seconds and at the end; the same call resumes from it to the
+    :param checkpoint: a file to write the chains' state to, or a
+        :class:`~pyrobnn.infer.core.checkpoints.Checkpointing` (every ``every`` steps or ``seconds``
+        seconds), and at the end; the same call resumes from it to the
         uninterrupted run's draws (:mod:`pyrobnn.infer.core.checkpoints`).
 
     ``stats``: the final ``step_size`` per chain, the ``energy_change`` of each kept step, and per
@@ -69,6 +70,7 @@ def smile(
     value (``nonfinite``, ``nonfinite_warmup``).
     """
     refuse_unsupported("smile", model)
+    checkpoint = Checkpointing.of(checkpoint)
     settings_given = dict(
         num_samples=num_samples, num_warmup=num_warmup, thinning=thinning, step_size=step_size, batch_size=batch_size,
         precondition=precondition, tune=tune, reset_prob=reset_prob, adaptation_prob=adaptation_prob,
@@ -116,7 +118,7 @@ def smile(
         run = None
         saved = None
         if checkpoint is not None:
-            run = RunCheckpoint.of_run(os.fspath(checkpoint), "SMILE", settings_given, model, (x, y), z, checkpoint_every, checkpoint_seconds)
+            run = RunCheckpoint.of_run(checkpoint, "SMILE", settings_given, model, (x, y), z)
             saved = run.load()
         if saved is not None:
             state = SMILEState.from_state_dict(saved["state"], z.device)

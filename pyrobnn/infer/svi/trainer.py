@@ -14,6 +14,7 @@ import torch
 
 from pyrobnn.utils import memory
 from pyrobnn.utils.progress import tqdm
+from pyrobnn.infer.core.checkpoints import Checkpointing
 from pyrobnn.infer.core.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
@@ -381,7 +382,6 @@ class SVITrainer:
         batch_size: Optional[int] = None,
         progress: bool = True,
         checkpoint=None,
-        checkpoint_every: int = 1,
         resume: bool = False,
         callback: Optional[Callable] = None,
         seed: Optional[int] = None,
@@ -394,8 +394,9 @@ class SVITrainer:
         :param batch_size: minibatch size for tensors (default: the whole data set, or as many
             points as the memory budget of :mod:`pyrobnn.utils.memory` allows a step; ``batch_size``
             records the size used).
-        :param checkpoint: path of a checkpoint written every ``checkpoint_every`` epochs and
-            at the end, atomically.
+        :param checkpoint: a file to write the training state to atomically, or a
+            :class:`~pyrobnn.infer.core.checkpoints.Checkpointing` (every ``every`` epochs or
+            ``seconds`` seconds; by default every 60 seconds), and at the end.
         :param resume: continue from ``checkpoint`` if the file exists.
         :param callback: ``callback(trainer, epoch) -> dict`` after each epoch; its numbers go
             into ``history.extra`` and the progress bar.
@@ -420,17 +421,18 @@ class SVITrainer:
             validate_training_data(self.model, first_x, first_y)
         if not isinstance(epochs, numbers.Integral) or isinstance(epochs, bool) or epochs < 0:
             raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
-        check_positive_int("checkpoint_every", checkpoint_every)
+        checkpoint = Checkpointing.of(checkpoint)
         self.batch_size = batch_size if loader is None else loader.batch_size
 
-        if resume and checkpoint is not None and os.path.exists(checkpoint):
-            self.load_checkpoint(checkpoint, first_x, first_y, n)
+        if resume and checkpoint is not None and os.path.exists(checkpoint.path):
+            self.load_checkpoint(checkpoint.path, first_x, first_y, n)
         elif seed is not None:
             pyro.set_rng_seed(seed)
             self.generator.manual_seed(seed)
 
         bar = tqdm(total=epochs, initial=self.epoch, disable=not progress, desc="SVI", unit="epoch", dynamic_ncols=True)
         start_time = time.perf_counter() - (self.history.seconds[-1] if self.history.seconds else 0.0)
+        last_write = time.monotonic()
         try:
             while self.epoch < epochs:
                 sums, beta_sum, count = 0.0, 0.0, 0
@@ -460,8 +462,9 @@ class SVITrainer:
                         shown[k] = f"{v:.4g}" if isinstance(v, float) else v
                 bar.set_postfix(shown, refresh=False)
                 bar.update(1)
-                if checkpoint is not None and (self.epoch % checkpoint_every == 0 or self.epoch == epochs):
-                    self.save_checkpoint(checkpoint)
+                if checkpoint is not None and (self.epoch == epochs or checkpoint.due(self.epoch, last_write)):
+                    self.save_checkpoint(checkpoint.path)
+                    last_write = time.monotonic()
         finally:
             bar.close()
         return self.history
@@ -487,7 +490,6 @@ def fit(
     compile: bool = False,
     progress: bool = True,
     checkpoint=None,
-    checkpoint_every: int = 1,
     resume: bool = False,
     callback=None,
     seed: Optional[int] = None,
@@ -527,7 +529,6 @@ def fit(
         batch_size=batch_size,
         progress=progress,
         checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
         resume=resume,
         callback=callback,
         seed=seed,
