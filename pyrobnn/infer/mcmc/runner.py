@@ -10,7 +10,7 @@ over processes (:mod:`pyrobnn.infer.core.processes`) and joins their posteriors.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
 import warnings
 
@@ -23,9 +23,10 @@ from pyrobnn.infer.mcmc import native as native_kernels
 from pyrobnn.infer.mcmc.backend import ExecutionPath, choose_path
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.problem import flat_problem, training_data
 from pyrobnn.infer.core.starts import initial_positions
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
-from pyrobnn.utils.validation import check_positive_int, validate_training_data
+from pyrobnn.utils.validation import check_positive_int
 
 __all__ = ["run_sampler", "run_in_process_groups", "energies", "label"]
 
@@ -49,20 +50,17 @@ def run_sampler(
         run's :class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint`, whose identity is the sampler, its
         ``settings``, the data, the starting positions and the model's structure.
     """
-    x, y = validate_training_data(model, x, y)
-    x, y = x.to(model.device), y.to(model.device)
-    was_training = model.training
-    model.eval()
     path = None
-    try:
-        potential = FlatPotential(model, x, y)
-        generator = torch.Generator(device=model.device).manual_seed(seed)
+    with contextlib.ExitStack() as cleanup:
+        problem = cleanup.enter_context(flat_problem(model, x, y, seed))
+        cleanup.callback(lambda: path is not None and path.native is not None and path.native.close())
+        potential, generator = problem.potential, problem.generator
         z0 = initial_positions(potential, init, num_chains, init_radius, generator)
         settings = with_chain_count(settings, z0.shape[0])
         run_checkpoint = None
         if checkpoint is not None:
             fixed = {k: v for k, v in (settings or {}).items() if k not in ("backend", "num_processes", "init")}
-            run_checkpoint = RunCheckpoint.of_run(checkpoint, name, fixed, model, (x, potential.y), z0)
+            run_checkpoint = RunCheckpoint.of_run(checkpoint, name, fixed, model, (problem.x, problem.y), z0)
         start = time.perf_counter()
         # the positions are unconstrained and mapped into each support, so distribution argument
         # checks (Pyro's validation) cannot fail here except on a non-finite step, which the
@@ -91,10 +89,6 @@ def run_sampler(
         if "energy" not in stats:
             stats["energy"] = energies(potential, draws)
         stats.update(path.stats())
-    finally:
-        model.train(was_training)
-        if path is not None and path.native is not None:
-            path.native.close()
     return Posterior(samples, stats, seconds, label(name, init), "mcmc", settings, model)
 
 
@@ -117,7 +111,7 @@ def run_in_process_groups(
     :class:`~pyrobnn.infer.core.checkpoints.Checkpointing`), group ``i`` of ``k`` checkpoints to
     ``<path>.group<i>-of-<k>``."""
     check_positive_int("num_processes", num_processes)
-    x, y = validate_training_data(model, x, y)
+    x, y = training_data(model, x, y)
     generator = torch.Generator(device=model.device).manual_seed(seed)
     z0 = initial_positions(FlatPotential(model), init, num_chains, init_radius, generator)  # the layout only
     groups = split_rows(z0, num_processes)

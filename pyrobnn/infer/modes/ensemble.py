@@ -25,7 +25,6 @@ and draws.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -35,7 +34,7 @@ from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.problem import flat_problem
 from pyrobnn.infer.core.starts import member_initializations
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
@@ -276,11 +275,8 @@ def deep_ensemble(
     if x_val is not None:
         x_val, y_val = validate_training_data(model, x_val, y_val)
     device, dtype = model.device, model.dtype
-    x, y = x.to(device, dtype), y.to(device)
-    was_training = model.training
-    model.eval()
-    try:
-        potential = FlatPotential(model, x, y)
+    with flat_problem(model, x, y, seed) as problem:
+        x, potential = problem.x, problem.potential
         if x_val is not None:
             x_val, y_val = potential.check_data(x_val.to(device, dtype), y_val.to(device))
         y_checked = potential.y
@@ -311,8 +307,6 @@ def deep_ensemble(
             history = _join_histories([r[2] for r in results], [r[1]["val_nll" if x_val is not None else "train_loss"] for r in results])
         seconds = time.perf_counter() - start
         samples = potential.unpack_draws(z.detach().unsqueeze(1))
-    finally:
-        model.train(was_training)
     label = "deep ensemble (MAP)" if objective == "map" else "deep ensemble (likelihood)"
     settings = dict(
         num_members=num_members, validation=held_out, num_processes=num_processes, **options,

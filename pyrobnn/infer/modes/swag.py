@@ -23,7 +23,6 @@ every draw (Maddox et al. recompute them per draw instead, on the training data)
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -37,8 +36,9 @@ from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.problem import flat_problem, training_data
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.utils.validation import check_positive_int, validate_training_data
+from pyrobnn.utils.validation import check_positive_int
 
 __all__ = ["SWAGMoments", "SWAGPosterior", "swag", "swag_moments", "AUTO_LR"]
 
@@ -169,8 +169,7 @@ def swag(
         raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}")
     if not 0.0 <= momentum < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-    x, y = validate_training_data(model, x, y)
-    x, y = x.to(model.device, model.dtype), y.to(model.device)
+    x, y = training_data(model, x, y)
     settings_given = dict(
         num_epochs=num_epochs, lr=lr, momentum=momentum, batch_size=batch_size, rank=rank, num_samples=num_samples,
         num_runs=num_runs, map_options=map_options, seed=seed,
@@ -182,11 +181,8 @@ def swag(
         map_estimate = deep_ensemble(model, x, y, num_members=num_runs, objective="map", seed=seed, **options)
     if not isinstance(map_estimate, EnsemblePosterior) or map_estimate.num_chains != num_runs:
         raise ValueError(f"map_estimate must be an EnsemblePosterior of num_runs={num_runs} members")
-    was_training = model.training
-    model.eval()
-    try:
-        potential = FlatPotential(model, x, y)
-        y = potential.y
+    with flat_problem(model, x, y, seed) as problem:
+        y, potential, generator = problem.y, problem.potential, problem.generator
         z = torch.nn.Parameter(potential.pack({k: v[:, 0] for k, v in map_estimate.samples.items()}))
         n = x.shape[0]
         if lr == "auto":
@@ -235,12 +231,9 @@ def swag(
                 f"MAP's neighbourhood. Lower lr (now {lr:.3g})."
             )
         moments = swag_moments(torch.stack(snapshots, 1), rank)
-        generator = torch.Generator(device=model.device).manual_seed(seed)
         draws = moments.sample(num_samples, generator)
         seconds = time.perf_counter() - start
         samples = potential.unpack_draws(draws)
-    finally:
-        model.train(was_training)
     label = "SWAG" if num_runs == 1 else f"MultiSWAG ({num_runs} runs)"
     stats = {"lr": float(lr), "epoch_loss": torch.tensor(epoch_losses)}
     settings = dict(settings_given, map_estimate=map_estimate)

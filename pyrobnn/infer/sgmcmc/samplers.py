@@ -27,7 +27,6 @@ Gaussian of precision :math:`\lambda` the stationary variance is
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import torch
@@ -39,9 +38,8 @@ from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_st
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint_grad
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.problem import flat_problem
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.utils.validation import validate_training_data
 
 __all__ = ["sgld", "sghmc", "chain_starts", "AUTO_STEP"]
 
@@ -77,14 +75,8 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
         raise ValueError(f"exploration must be a fraction in [0, 1), got {exploration!r}")
     if schedule == "cyclical" and num_cycles > num_steps:
         raise ValueError(f"num_cycles ({num_cycles}) exceeds num_steps ({num_steps})")
-    x, y = validate_training_data(model, x, y)
-    x, y = x.to(model.device, model.dtype), y.to(model.device)
-    was_training = model.training
-    model.eval()
-    try:
-        potential = FlatPotential(model, x, y)
-        y = potential.y
-        generator = torch.Generator(device=model.device).manual_seed(seed)
+    with flat_problem(model, x, y, seed) as problem:
+        x, y, potential, generator = problem.x, problem.y, problem.potential, problem.generator
         z = chain_starts(model, potential, init, num_chains, seed, generator)
         if step_size == "auto":
             step_size = AUTO_STEP / float(largest_curvature(potential, z, generator=generator).max())
@@ -144,8 +136,6 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
             raise ValueError(f"no draws kept: num_steps={num_steps} with thinning={thinning} keeps none after burn-in")
         samples = potential.unpack_draws(torch.stack(draws, 1))
         chains = z.shape[0]
-    finally:
-        model.train(was_training)
     label = f"{kind.upper()}" + (" (cyclical)" if schedule == "cyclical" else "")
     stats = {"step": torch.tensor(steps_kept), "step_size": torch.full((chains,), float(step_size))}
     settings = dict(settings_given, num_chains=chains, init=init)

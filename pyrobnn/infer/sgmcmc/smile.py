@@ -5,7 +5,6 @@ log joint that SGLD and SGHMC use, with every chain in one batch."""
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import torch
@@ -14,11 +13,10 @@ from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.problem import flat_problem, training_data
 from pyrobnn.infer.core.starts import chain_starts
 from pyrobnn.infer.sgmcmc.smile_kernel import SMILESettings, SMILEState, smile_init, smile_step
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.utils.validation import validate_training_data
 
 __all__ = ["smile"]
 
@@ -89,8 +87,7 @@ def smile(
     _check_fraction("adaptation_strength", adaptation_strength, low_open=False, high_closed=False)
     if L is not None and not (isinstance(L, (int, float)) and L > 0 and math.isfinite(L)):
         raise ValueError(f"L must be None or a positive number, got {L!r}")
-    x, y = validate_training_data(model, x, y)
-    x, y = x.to(model.device, model.dtype), y.to(model.device)
+    x, y = training_data(model, x, y)
     n = x.shape[0]
     if L is None and batch_size >= n:
         raise ValueError(
@@ -98,12 +95,8 @@ def smile(
             "be randomized: use pyrobnn.mclmc for full-batch sampling, a smaller batch_size, or pass L for a velocity refresh"
         )
     settings = SMILESettings(reset_prob, adaptation_prob, adaptation_strength, 0.01, bool(tune), bool(precondition), L)
-    was_training = model.training
-    model.eval()
-    try:
-        potential = FlatPotential(model, x, y)
-        y = potential.y
-        generator = torch.Generator(device=model.device).manual_seed(seed)
+    with flat_problem(model, x, y, seed) as problem:
+        y, potential, generator = problem.y, problem.potential, problem.generator
         z = chain_starts(model, potential, init, num_chains, seed, generator)
         loop = MinibatchLoop(n, batch_size, seed, x.device)
 
@@ -157,8 +150,6 @@ def smile(
             bar.close()
         seconds = time.perf_counter() - start
         samples = potential.unpack_draws(torch.stack(draws, 1))
-    finally:
-        model.train(was_training)
     stats = {"step_size": state.step_size, "energy_change": torch.stack(changes, 1), **counts}
     label = ("pSMILE" if precondition else "SMILE") + (" (tuned step size)" if tune else "")
     return Posterior(samples, stats, seconds, label, "sgmcmc", dict(settings_given, num_chains=chains, init=init), model)

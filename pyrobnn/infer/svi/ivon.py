@@ -48,11 +48,10 @@ from pyrobnn.models.distributions import ScalarNormal
 from pyrobnn.guides.base import inverse_softplus, site_key
 from pyrobnn.guides.mean_field import MeanFieldNormal
 from pyrobnn.infer.core.minibatch import MinibatchLoop
-from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.problem import flat_problem, training_data
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.variational import VariationalPosterior
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.utils.validation import validate_training_data
 
 __all__ = ["ivon", "IVONState", "ivon_update", "default_beta2", "warmup_cosine_factor"]
 
@@ -178,18 +177,14 @@ def ivon(
         raise ValueError(f"warmup must be a fraction of the run in [0, 1), got {warmup!r}")
     if not (isinstance(clip_radius, (int, float)) and clip_radius > 0):
         raise ValueError(f"clip_radius must be a positive number, got {clip_radius!r}")
-    x, y = validate_training_data(model, x, y)
-    x, y = x.to(model.device, model.dtype), y.to(model.device)
+    x, y = training_data(model, x, y)
     n = x.shape[0]
     if ess is None:
         ess = float(n)
     elif not (isinstance(ess, (int, float)) and ess > 0 and math.isfinite(ess)):
         raise ValueError(f"ess must be a positive finite number, got {ess!r}")
-    was_training = model.training
-    model.eval()
-    try:
-        potential = FlatPotential(model, x, y)
-        y = potential.y
+    with flat_problem(model, x, y, seed) as problem:
+        y, potential, generator = problem.y, problem.potential, problem.generator
         prior_loc, prior_scale, latent = (t.to(model.device) for t in _prior_map(potential))
         prior_loc, prior_scale = prior_loc.to(model.dtype), prior_scale.to(model.dtype)
         weight = ~latent
@@ -203,7 +198,6 @@ def ivon(
         loop = MinibatchLoop(n, batch_size, seed, x.device, advice=f"Lower lr (now {lr:.3g}).")
         steps = epochs * math.ceil(n / loop.batch_size)
         b2 = default_beta2(steps) if beta2 is None else float(beta2)
-        generator = torch.Generator(device=model.device).manual_seed(seed)
         history = History()
         start = time.perf_counter()
         bar = tqdm(total=epochs, disable=not progress, desc="IVON", unit="epoch", dynamic_ncols=True)
@@ -255,8 +249,6 @@ def ivon(
         history.steps = loop.step
         seconds = time.perf_counter() - start
         guide = _guide(model, potential, state.m, state.std(ess, delta))
-    finally:
-        model.train(was_training)
     settings = dict(epochs=epochs, batch_size=batch_size, lr=lr, hess_init=hess_init, beta1=beta1, beta2=b2, mc_samples=mc_samples,
                     ess=ess, clip_radius=clip_radius, warmup=warmup, schedule=schedule, seed=seed)
     return VariationalPosterior(model, guide, history, seconds=seconds, settings=settings, trainer="IVON")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import inspect
 import numbers
 import os
 import time
@@ -470,35 +471,22 @@ class SVITrainer:
         return self.history
 
 
-def fit(
-    model,
-    guide,
-    x=None,
-    y=None,
-    *,
-    loader=None,
-    epochs: int = 100,
-    batch_size: Optional[int] = None,
-    lr: float = 1e-3,
-    elbo=None,
-    optimizer: Optional[Callable] = None,
-    num_particles: int = 1,
-    kl_annealing=None,
-    lr_schedule=None,
-    clip_grad_norm=None,
-    estimator=None,
-    compile: bool = False,
-    progress: bool = True,
-    checkpoint=None,
-    resume: bool = False,
-    callback=None,
-    seed: Optional[int] = None,
-):
-    """Fit ``guide`` (and the model's point parameters) to data by SVI.
+#: what :func:`fit` passes to :class:`SVITrainer` and what to :meth:`SVITrainer.fit`: their own
+#: keyword parameters, read from their signatures so that neither list is written twice
+_TRAINER_OPTIONS = [p for p in inspect.signature(SVITrainer.__init__).parameters.values() if p.name not in ("self", "model", "guide")]
+_RUN_OPTIONS = [p for p in inspect.signature(SVITrainer.fit).parameters.values() if p.name not in ("self", "x", "y", "epochs")]
 
-    See :class:`SVITrainer` for the options. Returns a
-    :class:`~pyrobnn.infer.svi.variational.VariationalPosterior` (the model and the trained guide,
-    with the verbs of every result), whose ``history`` is the :class:`History` of the run.
+
+def fit(model, guide, x=None, y=None, *, epochs: int = 100, **options):
+    """Fit ``guide`` (and the model's point parameters) to data by SVI: an :class:`SVITrainer`
+    built with the options it takes (``elbo``, ``optimizer``, ``lr``, ``num_particles``,
+    ``kl_annealing``, ``lr_schedule``, ``clip_grad_norm``, ``estimator``, ``compile``), trained
+    for ``epochs`` epochs by :meth:`SVITrainer.fit` with the options that takes (``loader``,
+    ``batch_size``, ``progress``, ``checkpoint``, ``resume``, ``callback``, ``seed``).
+
+    Returns a :class:`~pyrobnn.infer.svi.variational.VariationalPosterior` (the model and the
+    trained guide, with the verbs of every result), whose ``history`` is the :class:`History` of
+    the run.
 
     Example::
 
@@ -508,37 +496,31 @@ def fit(
     """
     from pyrobnn.infer.svi.variational import VariationalPosterior
 
-    trainer = SVITrainer(
-        model,
-        guide,
-        elbo=elbo,
-        optimizer=optimizer,
-        lr=lr,
-        num_particles=num_particles,
-        kl_annealing=kl_annealing,
-        lr_schedule=lr_schedule,
-        clip_grad_norm=clip_grad_norm,
-        estimator=estimator,
-        compile=compile,
-    )
-    history = trainer.fit(
-        x,
-        y,
-        loader=loader,
-        epochs=epochs,
-        batch_size=batch_size,
-        progress=progress,
-        checkpoint=checkpoint,
-        resume=resume,
-        callback=callback,
-        seed=seed,
-    )
+    trainer_names = {p.name for p in _TRAINER_OPTIONS}
+    run_names = {p.name for p in _RUN_OPTIONS}
+    unknown = sorted(set(options) - trainer_names - run_names)
+    if unknown:
+        raise TypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}; it takes those of SVITrainer and SVITrainer.fit")
+    trainer = SVITrainer(model, guide, **{k: v for k, v in options.items() if k in trainer_names})
+    history = trainer.fit(x, y, epochs=epochs, **{k: v for k, v in options.items() if k in run_names})
+    given = {p.name: options.get(p.name, p.default) for p in _TRAINER_OPTIONS + _RUN_OPTIONS}
+
+    def described(value):
+        return value if isinstance(value, (str, type(None))) else type(value).__name__
+
     settings = dict(
-        epochs=epochs, batch_size=trainer.batch_size, lr=lr, elbo=elbo if isinstance(elbo, (str, type(None))) else type(elbo).__name__,
-        num_particles=num_particles, estimator=estimator if isinstance(estimator, (str, type(None))) else type(estimator).__name__,
-        seed=seed,
+        epochs=epochs, batch_size=trainer.batch_size, lr=given["lr"], elbo=described(given["elbo"]),
+        num_particles=given["num_particles"], estimator=described(given["estimator"]), seed=given["seed"],
     )
     return VariationalPosterior(model, guide, history, settings=settings)
+
+
+fit.__signature__ = inspect.Signature(
+    [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+     for name, default in (("model", inspect.Parameter.empty), ("guide", inspect.Parameter.empty), ("x", None), ("y", None))]
+    + [inspect.Parameter("epochs", inspect.Parameter.KEYWORD_ONLY, default=100, annotation=int)]
+    + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in _RUN_OPTIONS + _TRAINER_OPTIONS]
+)
 
 
 def with_guide(guide_class, **guide_options):
