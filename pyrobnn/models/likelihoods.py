@@ -11,6 +11,10 @@ A likelihood owns three things:
    (:meth:`Likelihood.summarize`).
 3. **Metrics**, through the summaries in :mod:`pyrobnn.evaluation.predictions`.
 
+Each likelihood also declares whether and how the samplers' native kernels
+(:mod:`pyrobnn.infer.mcmc.native`) evaluate it (:meth:`Likelihood.native_form`): one of the kinds
+of :data:`NATIVE_KINDS` with its parameters, or why not.
+
 The network's output always has a trailing feature dimension: ``(N, D)`` for regression,
 ``(N, C)`` logits for classification, ``(N, K)`` logits for Bernoulli.
 """
@@ -18,6 +22,7 @@ The network's output always has a trailing feature dimension: ``(N, D)`` for reg
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import pyro
 import pyro.distributions as dist
@@ -35,7 +40,24 @@ __all__ = [
     "HeteroscedasticGaussianLikelihood",
     "CategoricalLikelihood",
     "BernoulliLikelihood",
+    "NATIVE_KINDS",
+    "NativeForm",
 ]
+
+#: the likelihoods the native kernels evaluate, each a case of ``mlp_kernels.cpp`` (whose codes
+#: are generated from this order): a Gaussian with a fixed or a latent scale, a heteroscedastic
+#: Gaussian with the exp or softplus link, categorical and Bernoulli on logits
+NATIVE_KINDS = ("gaussian", "gaussian_latent", "exp", "softplus", "categorical", "bernoulli")
+
+
+@dataclass(frozen=True)
+class NativeForm:
+    """How the native kernels evaluate a likelihood: ``kind`` (one of :data:`NATIVE_KINDS`) with
+    its ``params``, or ``kind=None`` and ``why`` not."""
+
+    kind: str | None
+    params: dict = field(default_factory=dict)
+    why: str = ""
 
 
 def _inverse_softplus(y: float) -> float:
@@ -57,6 +79,11 @@ class Likelihood(nn.Module):
         super().__init__()
         self.dataset_size = dataset_size
         self._arange = torch.arange(0)
+
+    def native_form(self) -> NativeForm:
+        """How the native kernels evaluate this likelihood (:class:`NativeForm`); a likelihood
+        of one's own has none, and the samplers take the torch path, saying so."""
+        return NativeForm(None, why=f"the likelihood {type(self).__name__} declares no native form")
 
     def latent_sites(self) -> dict:
         """Latent sample sites of the likelihood (e.g. a noise scale with a prior):
@@ -190,6 +217,13 @@ class GaussianLikelihood(Likelihood):
     def check_targets(self, y, output_shape):
         return _check_float_targets(y, output_shape, "regression")
 
+    def native_form(self) -> NativeForm:
+        """A latent scale with its prior (the kernels take the priors they have codes for), or the
+        fixed (or current learned) scale."""
+        if self.scale_prior is not None:
+            return NativeForm("gaussian_latent", {"site": self.noise_site, "prior": self.scale_prior})
+        return NativeForm("gaussian", {"scale": float(self.scale())})
+
     def summarize(self, outputs, latents):
         if self.scale_prior is not None:
             scale = latents[self.noise_site].reshape(-1, 1, 1)
@@ -238,6 +272,9 @@ class HeteroscedasticGaussianLikelihood(Likelihood):
         loc, scale = self.split(output)
         return dist.Normal(loc, scale, validate_args=False).to_event(1)
 
+    def native_form(self) -> NativeForm:
+        return NativeForm(self.link, {"min_scale": self.min_scale, "max_scale": self.max_scale})
+
     def check_targets(self, y, output_shape):
         n, d2 = output_shape
         if d2 % 2:
@@ -277,6 +314,9 @@ class CategoricalLikelihood(Likelihood):
     def distribution(self, output, **latents):
         return ClassLabels(logits=output, validate_args=False)
 
+    def native_form(self) -> NativeForm:
+        return NativeForm("categorical")
+
     def check_targets(self, y, output_shape):
         n, c = output_shape
         if not isinstance(y, torch.Tensor):
@@ -307,6 +347,9 @@ class BernoulliLikelihood(Likelihood):
 
     def distribution(self, output, **latents):
         return dist.Bernoulli(logits=output, validate_args=False).to_event(1)
+
+    def native_form(self) -> NativeForm:
+        return NativeForm("bernoulli")
 
     def check_targets(self, y, output_shape):
         n, k = output_shape

@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["rational_tanh", "tanh_for"]
+__all__ = ["rational_tanh", "tanh_for", "P", "Q", "CLAMP"]
 
+#: beyond this, float32 tanh has rounded to +-1
 CLAMP = 9.0
-_P = (
+#: the coefficients of P and Q, from the lowest power of x^2 up (the native kernels take them too)
+P = (
     0.9999999997236085, 0.13102931855860095, 0.003125033264506323, 1.1372937157985115e-05,
     -2.1099844969436203e-08, 5.691654019772252e-11, -9.530483637674602e-14,
 )
-_Q = (1.0, 0.4643626377785265, 0.024579278621952944, 0.00025767339118658116)
+Q = (1.0, 0.4643626377785265, 0.024579278621952944, 0.00025767339118658116)
 
 
 def _horner(coefficients, s):
@@ -50,7 +52,7 @@ def _horner(coefficients, s):
 def _rational(x):
     inner = x.clamp(-CLAMP, CLAMP)
     s = inner * inner
-    y = (inner * _horner(_P, s) / _horner(_Q, s)).clamp(-1.0, 1.0)
+    y = (inner * _horner(P, s) / _horner(Q, s)).clamp(-1.0, 1.0)
     return torch.where(x.abs() >= CLAMP, torch.sign(x), y)  # NaN stays NaN
 
 

@@ -17,7 +17,8 @@ r"""The integrators the samplers share, as pure tensor functions of a batch of c
   :math:`\nu = \sqrt{(e^{2\epsilon/L} - 1)/d}` (:func:`partial_refresh`; Robnik & Seljak 2024);
   and McLachlan's (1995) minimal-norm coefficient :data:`MCLACHLAN_B1` of the scheme
   :math:`V(b_1 \epsilon)\,T(\epsilon/2)\,V((1 - 2 b_1)\epsilon)\,T(\epsilon/2)\,V(b_1 \epsilon)`
-  that both compose from them.
+  that both compose from them;
+- the energy error :data:`MAX_DELTA_ENERGY` beyond which a trajectory counts as divergent.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import math
 
 import torch
 
-__all__ = ["MCLACHLAN_B1", "kinetic_energy", "leapfrog", "unit_vector", "esh_velocity_update", "partial_refresh"]
+__all__ = ["MCLACHLAN_B1", "MAX_DELTA_ENERGY", "kinetic_energy", "leapfrog", "unit_vector", "esh_velocity_update", "partial_refresh"]
 
 #: McLachlan's minimal-norm coefficient (McLachlan 1995; Omelyan et al. 2003)
 MCLACHLAN_B1 = 0.1931833275037836
+#: the energy error above which a Hamiltonian trajectory counts as divergent (Stan's and Pyro's)
+MAX_DELTA_ENERGY = 1000.0
 
 
 def kinetic_energy(r, inv_mass):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pyrobnn.infer.core.integrators import kinetic_energy, leapfrog
+from pyrobnn.infer.core.integrators import MAX_DELTA_ENERGY, kinetic_energy, leapfrog
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.runtime import compiled, raised_recompile_limits
 
@@ -31,8 +31,6 @@ __all__ = [
     "NUTSState", "nuts_init", "nuts_step", "transition_uniforms", "find_step_size", "DualAveraging", "WelfordVariance", "warmup_windows",
     "WindowAdaptation", "sample_nuts",
 ]
-
-MAX_DELTA_ENERGY = 1000.0
 
 
 @dataclass

@@ -1,8 +1,9 @@
 r"""The samplers' leaf in native code, compiled once per machine.
 
 For the common Bayesian MLP (a stack of ``nn.Linear`` layers with tanh, ReLU, GELU or sigmoid
-activations, Normal priors on the random weights, and a Gaussian with a fixed or latent noise
-scale, heteroscedastic Gaussian or categorical likelihood) the potential
+activations, Normal priors on the random weights, and a likelihood that declares a native form,
+:meth:`~pyrobnn.models.likelihoods.Likelihood.native_form`: a Gaussian with a fixed or latent
+noise scale, heteroscedastic Gaussian, categorical or Bernoulli) the potential
 :math:`U(z) = -\log p(y \mid x, w) - \log p(w) - \log|J|` of
 :class:`~pyrobnn.infer.core.potential.FlatPotential` and its gradient are written out by hand in
 ``mlp_kernels.cpp`` (backpropagation by hand, checked against ``torch.autograd`` in
@@ -18,8 +19,12 @@ process, because Inductor's cache does not store graphs with a ``while_loop``
 shape, chain count and data set at once, and the library is kept in the user's cache folder:
 a machine compiles it once.
 
+**One source.** The codes, coefficients and thresholds the C++ shares with Python are written
+in Python only: :mod:`.constants` renders them as the header the build compiles with.
+
 **The cache.** :mod:`.build` compiles the file once per machine into the user's cache folder and
-loads only a library it can trust (its checksum, owner and permissions checked).
+loads only a library it can trust (its checksum, owner and permissions checked). A user who
+never takes the native path needs no compiler: without one, every sampler runs its torch code.
 
 Models outside this family, other dtypes than float32/float64, and tensors on a GPU keep the
 ``torch`` path (:func:`unsupported_reason` says why).
@@ -37,11 +42,12 @@ from torch.distributions import biject_to
 from torch.distributions.transforms import ExpTransform
 
 from pyrobnn.infer.mcmc.native.build import NativeUnavailable, build_info, is_cached, library, library_folder
+from pyrobnn.infer.mcmc.native.constants import ACTIVATIONS, LIKELIHOODS, NOISE_PRIORS
+from pyrobnn.models.likelihoods import Likelihood
+from pyrobnn.models.priors import NormalPrior
 
-__all__ = ["NativeMLP", "unsupported_reason", "multiply_adds", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable"]
+__all__ = ["NativeMLP", "unsupported_reason", "native_form", "multiply_adds", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable"]
 
-_ACTIVATIONS = {nn.Identity: 0, nn.Tanh: 1, nn.ReLU: 2, nn.GELU: 3, nn.Sigmoid: 4}
-_LIKELIHOODS = {"gaussian": 0, "gaussian_latent": 1, "exp": 2, "softplus": 3, "categorical": 4}
 
 
 class _Model(ctypes.Structure):
@@ -72,7 +78,7 @@ def _layers(net):
             continue  # the samplers evaluate the network in eval mode, where dropout is the identity
         if type(module) is nn.Linear:
             out.append([module, None])
-        elif type(module) in _ACTIVATIONS and out and out[-1][1] is None:
+        elif type(module) in ACTIVATIONS and out and out[-1][1] is None:
             if type(module) is nn.GELU and module.approximate != "none":
                 return None
             out[-1][1] = module
@@ -99,17 +105,23 @@ def _noise_prior_code(prior):
     d = torch.distributions
     if prior.batch_shape != torch.Size() or not _is_exp(biject_to(prior.support)):
         return None
-    if isinstance(prior, d.LogNormal):
-        return 0, float(prior.loc), float(prior.scale)
-    if isinstance(prior, d.HalfNormal):
-        return 1, float(prior.scale), 0.0
-    if isinstance(prior, d.HalfCauchy):
-        return 2, float(prior.scale), 0.0
-    if isinstance(prior, d.Gamma):
-        return 3, float(prior.concentration), float(prior.rate)
-    if isinstance(prior, d.Exponential):
-        return 4, float(prior.rate), 0.0
+    for cls, a, b in ((d.LogNormal, "loc", "scale"), (d.HalfNormal, "scale", None), (d.HalfCauchy, "scale", None),
+                      (d.Gamma, "concentration", "rate"), (d.Exponential, "rate", None)):
+        if isinstance(prior, cls):
+            return NOISE_PRIORS[cls.__name__], float(getattr(prior, a)), float(getattr(prior, b)) if b else 0.0
     return None
+
+
+def native_form(likelihood):
+    """The likelihood's :class:`~pyrobnn.models.likelihoods.NativeForm`, checked: a subclass that
+    changes ``distribution`` without declaring its own form has none (the form it inherits
+    describes another density)."""
+    form = likelihood.native_form()
+    declares = next(c for c in type(likelihood).__mro__ if "native_form" in vars(c))
+    if declares is not Likelihood and type(likelihood).distribution is not declares.distribution:
+        return type(form)(None, why=f"the likelihood {type(likelihood).__name__} changes the distribution of {declares.__name__} "
+                                    "and declares no native form of its own")
+    return form
 
 
 def multiply_adds(model, x) -> int:
@@ -121,9 +133,6 @@ def multiply_adds(model, x) -> int:
 def unsupported_reason(model, x=None):
     """Why the native path does not apply to ``model`` (on inputs ``x``), or ``None`` if it
     does."""
-    from pyrobnn.models.likelihoods import CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
-    from pyrobnn.models.priors import NormalPrior
-
     layers = _layers(model.net)
     if layers is None:
         return "the network is not an nn.Linear or an nn.Sequential of nn.Linear layers with tanh, ReLU, GELU or sigmoid activations (and dropout)"
@@ -134,12 +143,11 @@ def unsupported_reason(model, x=None):
     for site in model.sites:
         if not isinstance(model.site_prior(site), NormalPrior):
             return f"site {site.name!r} has a {type(model.site_prior(site)).__name__} prior (the native kernels take NormalPrior)"
-    lik = model.likelihood
-    if type(lik) is GaussianLikelihood:
-        if lik.noise_kind == "prior" and _noise_prior_code(lik.scale_prior) is None:
-            return f"the noise-scale prior {type(lik.scale_prior).__name__} (native: LogNormal, HalfNormal, HalfCauchy, Gamma, Exponential)"
-    elif type(lik) not in (HeteroscedasticGaussianLikelihood, CategoricalLikelihood):
-        return f"the likelihood {type(lik).__name__}"
+    form = native_form(model.likelihood)
+    if form.kind is None:
+        return form.why
+    if form.kind == "gaussian_latent" and _noise_prior_code(form.params["prior"]) is None:
+        return f"the noise-scale prior {type(form.params['prior']).__name__} (native: {', '.join(NOISE_PRIORS)})"
     if x is not None and (x.dim() != 2 or x.shape[1] != layers[0][0].in_features):
         return f"inputs of shape {tuple(x.shape)} (the native kernels take (N, {layers[0][0].in_features}))"
     return None
@@ -169,7 +177,7 @@ class NativeMLP:
         rows, prec, constants, constant = [], [], [], 0.0
         offset = 0
         for linear, act in _layers(model.net):
-            row = [linear.in_features, linear.out_features, _ACTIVATIONS[type(act)] if act is not None else 0, -1, -2, 0, 0]
+            row = [linear.in_features, linear.out_features, ACTIVATIONS[type(act)][0] if act is not None else 0, -1, -2, 0, 0]
             row_prec = [0.0, 0.0]
             for k, name in ((0, "weight"), (1, "bias")):
                 value = getattr(linear, name)
@@ -198,13 +206,11 @@ class NativeMLP:
         spec.dim = self.dim
         spec.max_width = max(max(r[0], r[1]) for r in rows)
         spec.noise_off = -1
-        lik = model.likelihood
-        from pyrobnn.models.likelihoods import CategoricalLikelihood, GaussianLikelihood
-
+        form = native_form(model.likelihood)
+        spec.likelihood = LIKELIHOODS[form.kind]
         self._labels = torch.zeros(1, dtype=torch.int64)
         self._y_t = torch.zeros(1, dtype=self.dtype)
-        if type(lik) is CategoricalLikelihood:
-            spec.likelihood = _LIKELIHOODS["categorical"]
+        if form.kind == "categorical":
             spec.target_dim = rows[-1][1]
             self._labels = y.detach().to(torch.int64).reshape(-1).contiguous()
             if self._labels.numel() != x.shape[0] or (self._labels.numel() and not (0 <= int(self._labels.min()) and int(self._labels.max()) < spec.target_dim)):
@@ -212,17 +218,13 @@ class NativeMLP:
         else:
             self._y_t = y.detach().to(self.dtype).T.contiguous()
             spec.target_dim = y.shape[1]
-            if type(lik) is GaussianLikelihood:
-                if lik.noise_kind == "prior":
-                    spec.likelihood = _LIKELIHOODS["gaussian_latent"]
-                    spec.noise_off = starts[lik.noise_site]
-                    spec.noise_prior, spec.noise_a, spec.noise_b = _noise_prior_code(lik.scale_prior)
-                else:
-                    spec.likelihood = _LIKELIHOODS["gaussian"]
-                    spec.lik_a = float(lik.scale())
-            else:
-                spec.likelihood = _LIKELIHOODS[lik.link]
-                spec.lik_a, spec.lik_b = lik.min_scale, lik.max_scale
+            if form.kind == "gaussian_latent":
+                spec.noise_off = starts[form.params["site"]]
+                spec.noise_prior, spec.noise_a, spec.noise_b = _noise_prior_code(form.params["prior"])
+            elif form.kind == "gaussian":
+                spec.lik_a = form.params["scale"]
+            elif form.kind in ("exp", "softplus"):
+                spec.lik_a, spec.lik_b = form.params["min_scale"], form.params["max_scale"]
         spec.constant = constant
         spec.layers = self._layers.data_ptr()
         spec.layer_prec = self._prec.data_ptr()

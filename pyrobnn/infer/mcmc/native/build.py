@@ -1,8 +1,9 @@
 """Building and caching the native kernels: the system's C++ compiler, once per machine.
 
 ``<cache>/kernels/`` (``$PYROBNN_CACHE``, default ``~/.cache/pyrobnn``) holds
-``mlp-<key>-<sha>.so`` and ``mlp-<key>.json``; the key hashes the source, the compiler's version,
-the flags and the CPU's instruction sets. Before a library is loaded, its record must name this
+``mlp-<key>-<sha>.so`` and ``mlp-<key>.json``; the key hashes the source, the header of constants
+generated from the Python definitions (:mod:`.constants`), the compiler's version, the flags and
+the CPU's instruction sets. Before a library is loaded, its record must name this
 key, its SHA-256 must match the record, and the file must belong to this user and not be
 writable by others; anything else (a corrupted, truncated or foreign file) is rebuilt, never
 loaded. Building writes to a temporary file and renames it into place.
@@ -22,6 +23,8 @@ import subprocess
 import tempfile
 import threading
 import time
+
+from pyrobnn.infer.mcmc.native import constants
 
 __all__ = ["SOURCE", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable", "DEFAULT_BUILD_SECONDS"]
 
@@ -82,7 +85,8 @@ def _identity(cxx, source=None):
     with open(source or SOURCE, "rb") as f:
         source = f.read()
     ident = {
-        "abi": ABI, "source_sha256": hashlib.sha256(source).hexdigest(), "compiler": _compiler_version(cxx),
+        "abi": ABI, "source_sha256": hashlib.sha256(source).hexdigest(),
+        "header_sha256": hashlib.sha256(constants.header().encode()).hexdigest(), "compiler": _compiler_version(cxx),
         "flags": FLAGS + ["-march=native"], "cpu": _cpu_features(), "machine": platform.machine(),
     }
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
@@ -135,9 +139,11 @@ def _build(folder, key, ident, cxx):
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
         out = os.path.join(tmp, "lib.so")
+        with open(os.path.join(tmp, constants.HEADER_NAME), "w") as f:
+            f.write(constants.header())
         errors = []
         for arch in (["-march=native"], []):
-            cmd = [cxx, *FLAGS, *arch, SOURCE, "-o", out]
+            cmd = [cxx, *FLAGS, *arch, f"-I{tmp}", SOURCE, "-o", out]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode == 0:
                 break

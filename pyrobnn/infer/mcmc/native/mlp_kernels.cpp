@@ -1,10 +1,14 @@
 // Hand-derived potential and gradient of a Bayesian MLP, and the NUTS transition and MCLMC step
-// over it, for pyrobnn's samplers (pyrobnn/infer/native/__init__.py builds and loads this file).
+// over it, for pyrobnn's samplers (pyrobnn/infer/mcmc/native/__init__.py builds and loads this file).
+//
+// The codes, coefficients and thresholds shared with the Python code come from the header
+// pyrobnn_constants.h, which the build generates from the Python definitions
+// (pyrobnn/infer/mcmc/native/constants.py): none is written here.
 //
 // The potential is U(z) = -log p(y | x, w) - log p(w) - log|J| of pyrobnn.infer.core.potential.
 // FlatPotential for a BayesianModel whose network is a stack of nn.Linear layers with
 // element-wise activations, Normal priors and a Gaussian (fixed or latent noise scale),
-// heteroscedastic Gaussian or categorical likelihood. The gradient is derived by hand
+// heteroscedastic Gaussian, categorical or Bernoulli likelihood. The gradient is derived by hand
 // (backpropagation written out), and tests/test_native.py checks value and gradient against
 // torch.autograd on random models.
 //
@@ -13,14 +17,16 @@
 // chain whose NUTS trajectory ends early stops costing anything.
 //
 // The samplers take their random numbers from the caller (drawn with torch's generator), in the
-// same layout as the torch path of pyrobnn/infer/nuts.py and mclmc.py, so both paths follow one
-// random stream.
+// same layout as the torch path of pyrobnn/infer/mcmc/nuts_kernel.py and mclmc_kernel.py, so both
+// paths follow one random stream.
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#include "pyrobnn_constants.h"
 
 namespace {
 
@@ -34,44 +40,33 @@ struct Model {
     const void* x_t;  // (T) in_0 x N, the inputs feature-major
     const void* y_t;  // (T) d x N, regression targets feature-major
     const int64_t* labels;  // N, class labels (categorical)
-    int64_t likelihood;  // 0 Gaussian, fixed scale; 1 Gaussian, latent scale; 2 heteroscedastic,
-                         // exp link; 3 heteroscedastic, softplus link; 4 categorical
+    int64_t likelihood;  // a LikelihoodKind
     int64_t target_dim;  // d (regression), classes (categorical)
     double lik_a, lik_b;  // fixed scale | min and max scale
     int64_t noise_off;    // index of the unconstrained noise scale in z (likelihood 1)
-    int64_t noise_prior;  // 0 LogNormal(a, b), 1 HalfNormal(a), 2 HalfCauchy(a), 3 Gamma(a, b), 4 Exponential(a)
+    int64_t noise_prior;  // a NoisePrior: LogNormal(a, b), HalfNormal(a), HalfCauchy(a), Gamma(a, b), Exponential(a)
     double noise_a, noise_b;
     double constant;  // the potential's constant terms (prior normalizers)
     int64_t dim;
     int64_t max_width;
 };
 
-enum { ID = 0, TANH = 1, RELU = 2, GELU = 3, SIGMOID = 4 };
-enum { L_GAUSS = 0, L_GAUSS_LATENT = 1, L_HET_EXP = 2, L_HET_SOFTPLUS = 3, L_CATEGORICAL = 4 };
-
 constexpr double HALF_LOG_2PI = 0.91893853320467274178;
 constexpr double LN2 = 0.69314718055994530942;
 constexpr double PI = 3.14159265358979323846;
 
-// tanh as x P(x^2) / Q(x^2) (pyrobnn/models/rational_tanh.py): float32 only, where it is within
-// 3.4e-7 of tanh and vectorizes; float64 uses std::tanh
+// tanh as x P(x^2) / Q(x^2) (pyrobnn/models/rational_tanh.py), by Horner's rule from the highest
+// power: float32 only, where it is within 3.4e-7 of tanh and vectorizes; float64 uses std::tanh
 inline float tanh_of(float x) {
-    const float c = x < -9.0f ? -9.0f : (x > 9.0f ? 9.0f : x);
+    const float c = x < -TANH_CLAMP ? -TANH_CLAMP : (x > TANH_CLAMP ? TANH_CLAMP : x);
     const float s = c * c;
-    float p = -9.530483637674602e-14f;
-    p = p * s + 5.691654019772252e-11f;
-    p = p * s + -2.1099844969436203e-08f;
-    p = p * s + 1.1372937157985115e-05f;
-    p = p * s + 0.003125033264506323f;
-    p = p * s + 0.13102931855860095f;
-    p = p * s + 0.9999999997236085f;
-    float q = 0.00025767339118658116f;
-    q = q * s + 0.024579278621952944f;
-    q = q * s + 0.4643626377785265f;
-    q = q * s + 1.0f;
+    float p = TANH_P[TANH_P_DEGREE];
+    for (int i = TANH_P_DEGREE - 1; i >= 0; --i) p = p * s + TANH_P[i];
+    float q = TANH_Q[TANH_Q_DEGREE];
+    for (int i = TANH_Q_DEGREE - 1; i >= 0; --i) q = q * s + TANH_Q[i];
     float y = c * p / q;
     y = y < -1.0f ? -1.0f : (y > 1.0f ? 1.0f : y);
-    return std::fabs(x) >= 9.0f ? std::copysign(1.0f, x) : y;
+    return std::fabs(x) >= TANH_CLAMP ? std::copysign(1.0f, x) : y;
 }
 inline double tanh_of(double x) { return std::tanh(x); }
 
@@ -94,18 +89,18 @@ inline T total(const T* a, int64_t n) {
 template <typename T>
 void activate(int64_t act, const T* a, T* h, int64_t n) {
     switch (act) {
-        case TANH:
+        case ACT_TANH:
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) h[i] = tanh_of(a[i]);
             break;
-        case RELU:
+        case ACT_RELU:
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) h[i] = a[i] > T(0) ? a[i] : T(0);
             break;
-        case GELU:
+        case ACT_GELU:
             for (int64_t i = 0; i < n; ++i) h[i] = T(0.5) * a[i] * (T(1) + std::erf(a[i] * T(0.70710678118654752440)));
             break;
-        case SIGMOID:
+        case ACT_SIGMOID:
             for (int64_t i = 0; i < n; ++i) h[i] = T(1) / (T(1) + std::exp(-a[i]));
             break;
         default:
@@ -117,22 +112,22 @@ void activate(int64_t act, const T* a, T* h, int64_t n) {
 template <typename T>
 void times_derivative(int64_t act, const T* a, const T* h, T* delta, int64_t n) {
     switch (act) {
-        case TANH:
+        case ACT_TANH:
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) delta[i] *= T(1) - h[i] * h[i];
             break;
-        case RELU:  // torch: the gradient passes where the output is positive
+        case ACT_RELU:  // torch: the gradient passes where the output is positive
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) delta[i] = h[i] > T(0) ? delta[i] : T(0);
             break;
-        case GELU:
+        case ACT_GELU:
             for (int64_t i = 0; i < n; ++i) {
                 T cdf = T(0.5) * (T(1) + std::erf(a[i] * T(0.70710678118654752440)));
                 T pdf = std::exp(T(-0.5) * a[i] * a[i]) * T(0.39894228040143267794);
                 delta[i] *= cdf + a[i] * pdf;
             }
             break;
-        case SIGMOID:
+        case ACT_SIGMOID:
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) delta[i] *= h[i] * (T(1) - h[i]);
             break;
@@ -165,30 +160,30 @@ void noise_prior(const Model& m, T u, T& value, T& grad) {
     T s = std::exp(u);
     T a = T(m.noise_a), b = T(m.noise_b);
     switch (m.noise_prior) {
-        case 0: {  // LogNormal(a, b): the log-Jacobian cancels the 1/sigma of the density
+        case NP_LOGNORMAL: {  // LogNormal(a, b): the log-Jacobian cancels the 1/sigma of the density
             T t = (u - a) / b;
             value = T(-0.5) * t * t - std::log(b) - T(HALF_LOG_2PI);
             grad = -t / b;
             break;
         }
-        case 1: {  // HalfNormal(a)
+        case NP_HALFNORMAL: {  // HalfNormal(a)
             T t = s / a;
             value = T(LN2) - T(HALF_LOG_2PI) - std::log(a) - T(0.5) * t * t + u;
             grad = T(1) - t * t;
             break;
         }
-        case 2: {  // HalfCauchy(a)
+        case NP_HALFCAUCHY: {  // HalfCauchy(a)
             T t = s / a;
             value = T(LN2) - std::log(T(PI)) - std::log(a) - std::log1p(t * t) + u;
             grad = T(1) - T(2) * t * t / (T(1) + t * t);
             break;
         }
-        case 3: {  // Gamma(a, rate b)
+        case NP_GAMMA: {  // Gamma(a, rate b)
             value = a * std::log(b) - std::lgamma(a) + a * u - b * s;
             grad = a - b * s;
             break;
         }
-        default: {  // Exponential(rate a)
+        default: {  // NP_EXPONENTIAL: Exponential(rate a)
             value = std::log(a) - a * s + u;
             grad = T(1) - a * s;
         }
@@ -254,9 +249,9 @@ T value_and_grad(const Model& m, const T* z, T* g, Work<T>& w) {
     const T* Y = static_cast<const T*>(m.y_t);
     const int64_t d = m.target_dim;
     switch (m.likelihood) {
-        case L_GAUSS:
-        case L_GAUSS_LATENT: {
-            T sigma = m.likelihood == L_GAUSS ? T(m.lik_a) : std::exp(z[m.noise_off]);
+        case L_GAUSSIAN:
+        case L_GAUSSIAN_LATENT: {
+            T sigma = m.likelihood == L_GAUSSIAN ? T(m.lik_a) : std::exp(z[m.noise_off]);
             T inv_var = T(1) / (sigma * sigma);
             T ss = 0;
             for (int64_t k = 0; k < d * N; ++k) {
@@ -265,7 +260,7 @@ T value_and_grad(const Model& m, const T* z, T* g, Work<T>& w) {
                 delta[k] = -r * inv_var;
             }
             U += T(0.5) * ss * inv_var + T(d * N) * (std::log(sigma) + T(HALF_LOG_2PI));
-            if (m.likelihood == L_GAUSS_LATENT) {
+            if (m.likelihood == L_GAUSSIAN_LATENT) {
                 T pv, pg;
                 noise_prior(m, z[m.noise_off], pv, pg);
                 U -= pv;
@@ -274,14 +269,14 @@ T value_and_grad(const Model& m, const T* z, T* g, Work<T>& w) {
             }
             break;
         }
-        case L_HET_EXP:
-        case L_HET_SOFTPLUS: {
+        case L_EXP:
+        case L_SOFTPLUS: {
             const T lo = T(m.lik_a), hi = T(m.lik_b);
             T acc = 0;
             for (int64_t k = 0; k < d * N; ++k) {
                 const T s = F[d * N + k];
                 T sigma, dsigma;  // sigma and d sigma / ds
-                if (m.likelihood == L_HET_EXP) {
+                if (m.likelihood == L_EXP) {
                     T e = std::exp(s);
                     sigma = e < lo ? lo : (e > hi ? hi : e);
                     dsigma = (e >= lo && e <= hi) ? e : T(0);  // torch's clamp passes the gradient at the bounds
@@ -304,7 +299,17 @@ T value_and_grad(const Model& m, const T* z, T* g, Work<T>& w) {
             U += acc + T(d * N) * T(HALF_LOG_2PI);
             break;
         }
-        default: {  // categorical over out_last classes
+        case L_BERNOULLI: {  // independent Bernoulli per output on logits: -log p = softplus(f) - y f
+            T acc = 0;
+            for (int64_t k = 0; k < d * N; ++k) {
+                const T f = F[k];
+                acc += (f > T(0) ? f : T(0)) - f * Y[k] + std::log1p(std::exp(-std::fabs(f)));
+                delta[k] = T(1) / (T(1) + std::exp(-f)) - Y[k];
+            }
+            U += acc;
+            break;
+        }
+        default: {  // L_CATEGORICAL over out_last classes
             T acc = 0;
             for (int64_t n = 0; n < N; ++n) {
                 T mx = -std::numeric_limits<T>::infinity();
@@ -391,7 +396,7 @@ void nuts_chain(const Model& m, T* z_io, T* u_io, T* g_io, const T* r0, const T*
     const T* merge_u = uniforms + max_depth;
     const T* leaf_u = uniforms + 2 * max_depth;
     const int64_t D = m.dim;
-    const T max_delta = T(1000);
+    const T max_delta = T(MAX_DELTA_ENERGY);
     std::vector<T> buf(D * (9 + 2 * max_depth));
     T* zl = buf.data(); T* rl = zl + D; T* gl = rl + D;
     T* zr = gl + D; T* rr = zr + D; T* gr = rr + D;
@@ -536,7 +541,7 @@ template <typename T>
 void mclmc_chain(const Model& m, T* z, T* u, T* energy, T* grad, T step, T L, const T* sqrt_inv_mass,
                  const T* n0, const T* n1, const T* n2, T* d_energy, T* finite_out, Work<T>& w) {
     const int64_t D = m.dim;
-    const T b1 = T(0.1931833275037836);
+    const T b1 = T(MCLACHLAN_B1);
     std::vector<T> buf(5 * D);
     T* u1 = buf.data(); T* z2 = u1 + D; T* g2 = z2 + D; T* g3 = g2 + D; T* e = g3 + D;
     std::memcpy(u1, u, sizeof(T) * D);
