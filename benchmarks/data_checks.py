@@ -5,7 +5,8 @@ in ``pyrobnn.fit``.
     python benchmarks/data_checks.py            # about a minute
     python benchmarks/data_checks.py --quick    # seconds
 
-Each pair (checks on / off, the off variant patching the check out) is timed in interleaved
+Each pair (checks on / off, the off variant patching the check out: ``FiniteOnce.__call__`` and
+``SVITrainer._flag_batch``, the one thing measured) is timed in interleaved
 rounds on the same model; figures are median seconds per step and their ratio. The last line
 is one JSON object.
 """
@@ -70,11 +71,10 @@ def time_fit(name, steps, checks):
         SVITrainer._flag_batch = lambda self, x, y: (y, torch.zeros((), dtype=torch.bool))
     try:
         for x, y in data[:5]:
-            trainer._step_tensors(x, y, 60_000, 0.0)
+            trainer.step(x, y, 60_000)
         start = time.perf_counter()
         for x, y in data[5:]:
-            trainer._step_tensors(x, y, 60_000, 0.0)
-        trainer._raise_if_failed()
+            trainer.step(x, y, 60_000)  # the public step: the batch's checks, the update, the failure report
         return (time.perf_counter() - start) / steps
     finally:
         SVITrainer._flag_batch = original

@@ -197,8 +197,7 @@ def test_the_cache_is_built_once_and_refuses_what_it_cannot_trust(fresh_cache, m
 
 def test_the_rule_picks_the_backend_and_never_the_cache(fresh_cache):
     """The native kernels wherever they apply, short run or long: built on the first run, read
-    from the cache on the next, and the draws the same both times; backend="eager" stays eager;
-    compile= still works, with a DeprecationWarning."""
+    from the cache on the next, and the draws the same both times; backend="eager" stays eager."""
     model, x, y = small_bnn()
     short = nuts(model, x, y, num_samples=2, num_warmup=2, max_tree_depth=2, num_chains=2, progress=False)
     assert short.stats["path"] == "native" and "built them" in short.stats["path_reason"]
@@ -206,15 +205,10 @@ def test_the_rule_picks_the_backend_and_never_the_cache(fresh_cache):
     assert again.stats["path"] == "native" and "cache" in again.stats["path_reason"]
     assert all(torch.equal(short.samples[k], again.samples[k]) for k in short.samples)
     assert nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=2, backend="eager", progress=False).stats["path"] == "eager"
-    with pytest.warns(DeprecationWarning, match="compile= is deprecated"):
-        old = nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=2, compile=False, progress=False)
-    assert old.stats["path"] == "eager"
-    with pytest.raises(ValueError, match="compile must be 'auto', True or False"):
-        nuts(model, x, y, compile="yes")
     with pytest.raises(ValueError, match="backend must be one of"):
         nuts(model, x, y, backend="fast")
-    with pytest.raises(ValueError, match="give backend= or the deprecated compile=, not both"):
-        nuts(model, x, y, backend="eager", compile=True)
+    with pytest.raises(TypeError, match="compile"):  # the deprecated spelling of backend= is gone
+        nuts(model, x, y, compile=False)
 
 
 class StudentTLikelihood(pyrobnn.GaussianLikelihood):

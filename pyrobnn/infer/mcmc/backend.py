@@ -25,13 +25,10 @@ for a model the kernels do not take. Two backends agree to rounding on each eval
 to about 1e-13), not bit for bit, and a chain amplifies rounding over many steps. The choice and
 its reason go into the result's ``stats["path"]`` and ``stats["path_reason"]`` (``summary()``
 shows them). A ``torch.compile`` that fails falls back to eager code with a warning that says so.
-``compile=`` is the deprecated spelling: ``True`` is the native kernels where they apply, else
-``torch.compile``; ``False`` is ``"eager"``.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -66,23 +63,11 @@ class ExecutionPath:
         return {"path": self.kind, "path_reason": self.reason}
 
 
-def resolve_backend(backend, compile=None) -> str:
-    """The backend asked for: ``backend`` (one of :data:`BACKENDS`), or the deprecated
-    ``compile`` (``True``: ``"compiled"``, the fastest compiled code; ``False``: ``"eager"``;
-    ``"auto"``), which is refused together with a ``backend`` other than ``"auto"``."""
-    if backend not in BACKENDS and backend != "compiled":  # "compiled": compile=True, resolved in a parent process
+def resolve_backend(backend) -> str:
+    """``backend``, checked to be one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if compile is None:
-        return backend
-    if compile not in ("auto", True, False) or (isinstance(compile, (int, float)) and not isinstance(compile, bool)):
-        raise ValueError(f"compile must be 'auto', True or False, got {compile!r}")
-    if backend != "auto":
-        raise ValueError(f"give backend= or the deprecated compile=, not both (backend={backend!r}, compile={compile!r})")
-    warnings.warn(
-        "compile= is deprecated: pass backend='native', 'compile', 'eager' or 'auto' (compile=True is the native kernels where "
-        "they apply, else 'compile'; compile=False is 'eager')", DeprecationWarning, stacklevel=4,
-    )
-    return {True: "compiled", False: "eager", "auto": "auto"}[compile]
+    return backend
 
 
 def _native(potential, why) -> ExecutionPath:
@@ -126,10 +111,8 @@ def choose_path(potential, z0, backend: str, sampler: str, evaluations: int, bou
             return _native(potential, "the native kernels apply to this network, prior and likelihood")
         except native_kernels.NativeUnavailable as e:
             reason = str(e)
-    compiled = backend == "compiled" or evaluations >= COMPILE_FROM_EVALUATIONS
-    if compiled:
-        why = "compile=True" if backend == "compiled" else f"{many} (>= {COMPILE_FROM_EVALUATIONS:,})"
-        return ExecutionPath("torch.compile", f"the native kernels do not apply ({reason}); {why}: torch.compile")
+    if evaluations >= COMPILE_FROM_EVALUATIONS:
+        return ExecutionPath("torch.compile", f"the native kernels do not apply ({reason}); {many} (>= {COMPILE_FROM_EVALUATIONS:,}): torch.compile")
     return ExecutionPath(
         "eager", f"the native kernels do not apply ({reason}); {many} (< {COMPILE_FROM_EVALUATIONS:,}): too few for compiling to pay"
     )

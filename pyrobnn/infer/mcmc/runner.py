@@ -115,7 +115,7 @@ def run_in_process_groups(
     generator = torch.Generator(device=model.device).manual_seed(seed)
     z0 = initial_positions(FlatPotential(model), init, num_chains, init_radius, generator)  # the layout only
     groups = split_rows(z0, num_processes)
-    if options.get("backend") in ("auto", "native", "compiled") and native_kernels.unsupported_reason(model, x) is None:
+    if options.get("backend") in ("auto", "native") and native_kernels.unsupported_reason(model, x) is None:
         try:  # built once here, so that the processes load it instead of each building its own
             native_kernels.library()
         except native_kernels.NativeUnavailable:

@@ -41,7 +41,6 @@ def nuts(
     init=None,
     num_processes: int = 1,
     checkpoint=None,
-    compile=None,
 ) -> Posterior:
     """NUTS for ``model`` conditioned on ``(x, y)``, all chains in one batched computation.
 
@@ -72,8 +71,6 @@ def nuts(
         ``"native"``, ``"compile"`` or ``"eager"`` names one. ``stats["path"]`` and
         ``stats["path_reason"]`` say which ran and why. If ``torch.compile`` fails, the run falls
         back to eager code with a warning. The same call with the same seed gives the same draws.
-    :param compile: deprecated: ``True`` for the native kernels where they apply, else
-        ``torch.compile``; ``False`` for ``backend="eager"``.
     :param num_processes: split the chains into this many groups, each run in its own process
         (:mod:`pyrobnn.infer.core.processes`): a group no longer waits for another group's longest
         trajectory, and each uses its own core. Group ``i`` draws from the seed ``seed + i``
@@ -94,7 +91,7 @@ def nuts(
         check_budget("nuts", "num_chains", num_chains)
     if not (isinstance(target_accept, (int, float)) and 0 < target_accept < 1):
         raise ValueError(f"target_accept must be in (0, 1), got {target_accept!r}")
-    backend = resolve_backend(backend, compile)
+    backend = resolve_backend(backend)
     run_checkpoint = Checkpointing.of(checkpoint)
     settings = dict(
         num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains, max_tree_depth=max_tree_depth,
@@ -141,7 +138,6 @@ def mclmc(
     progress: bool = True,
     num_processes: int = 1,
     checkpoint=None,
-    compile=None,
 ) -> Posterior:
     """Unadjusted MCLMC (:mod:`pyrobnn.infer.mcmc.mclmc_kernel`) for ``model`` conditioned on ``(x, y)``, all
     chains in one batched computation, each chain tuned on its own.
@@ -157,7 +153,7 @@ def mclmc(
         third phase shorter than 4 steps, too short for an effective sample size, is skipped: L
         keeps the second phase's value).
     :param backend: which code runs each step, by the rule of :func:`nuts` (``"auto"``,
-        ``"native"``, ``"compile"``, ``"eager"``); ``compile`` is its deprecated spelling.
+        ``"native"``, ``"compile"``, ``"eager"``).
     :param num_processes: run the chains in this many groups, one process each, as in
         :func:`nuts`.
     :param checkpoint: a file to write the run's state to, or a
@@ -180,7 +176,7 @@ def mclmc(
         check_budget("mclmc", "num_chains", num_chains)
     if num_samples < thinning:
         raise ValueError(f"mclmc: num_samples ({num_samples}) must be at least thinning ({thinning}): no draw would be kept")
-    backend = resolve_backend(backend, compile)
+    backend = resolve_backend(backend)
     if isinstance(num_warmup, (tuple, list)):
         if len(num_warmup) != 3:
             raise ValueError(f"mclmc: num_warmup must be a number of steps or the steps of the three tuning phases, got {num_warmup!r}")
