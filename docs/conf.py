@@ -37,9 +37,10 @@ extensions = [
     "results_tables",
     "method_tables",
     "public_names",
+    "layers_figure",
 ]
 
-exclude_patterns = ["_build", "jupyter_execute", ".jupyter_cache", "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_generated", "jupyter_execute", ".jupyter_cache", "**.ipynb_checkpoints"]
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb"}
 
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]

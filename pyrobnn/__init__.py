@@ -5,12 +5,14 @@ parameters have priors, plus a likelihood) and a guide from :mod:`pyrobnn.guides
 with :func:`fit` or ``pyro.infer.SVI``; predict with :func:`predict` or
 ``pyro.infer.Predictive``. Every other method (:mod:`pyrobnn.methods` lists them) takes the same
 model and returns a :class:`Result` with the same verbs; :mod:`pyrobnn.testing` holds every one of
-them to that contract.
+them to that contract. The package is cut in layers (the model, guides, results, the shared
+core, the method families, integrations, applications) that import only downward; the layout
+page of the documentation draws them.
 """
 
-from pyrobnn.utils import progress  # first: Pyro imports tqdm.auto too (pyrobnn.utils.progress says why)
-from pyrobnn.models import kl  # registers the KL divergences with torch
-from pyrobnn.utils import memory, runtime
+from pyrobnn.utils import progress  # noqa: F401 (first: Pyro imports tqdm.auto too; pyrobnn.utils.progress says why)
+from pyrobnn.models import kl  # noqa: F401 (registers the KL divergences with torch)
+from pyrobnn.utils import memory, runtime  # noqa: F401 (pyrobnn.memory, pyrobnn.runtime)
 from pyrobnn.models.estimators import flipout, local_reparameterization, per_example_weights
 from pyrobnn.guides import (
     ConcreteDropout,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 
-from docutils import nodes
 from sphinx.util.nodes import make_refnode
 
 
