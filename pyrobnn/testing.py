@@ -55,13 +55,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from pyrobnn import methods
-from pyrobnn.utils import memory
+from pyrobnn.evaluation.predictions import ClassificationPrediction, RegressionPrediction
 from pyrobnn.infer.loading import load_posterior
 from pyrobnn.infer.results.protocol import FAMILIES, STATS, Result
-from pyrobnn.models.likelihoods import BernoulliLikelihood, CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
 from pyrobnn.models import MLP, BayesianModel
-from pyrobnn.evaluation.predictions import ClassificationPrediction, RegressionPrediction
+from pyrobnn.models.likelihoods import BernoulliLikelihood, CategoricalLikelihood, GaussianLikelihood, HeteroscedasticGaussianLikelihood
 from pyrobnn.models.priors import LogUniformPrior, NormalPrior, ScaleMixturePrior
+from pyrobnn.utils import memory
 from pyrobnn.utils.validation import as_tensor, check_forward
 
 __all__ = [

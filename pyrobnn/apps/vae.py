@@ -30,9 +30,9 @@ import torch
 from pyro.infer import Trace_ELBO
 from torch import nn
 
-from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.svi.history import History
 from pyrobnn.utils.io import atomic_save, safe_load
+from pyrobnn.utils.progress import tqdm
 
 __all__ = ["VAE", "fit_vae", "importance_log_likelihood", "elbo_per_example"]
 

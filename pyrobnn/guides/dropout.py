@@ -7,9 +7,9 @@ import fnmatch
 import torch
 from torch import nn
 
-from pyrobnn.models.distributions import BernoulliUnitNoise, ConcreteUnitNoise
 from pyrobnn.guides.base import WeightGuide, site_key
 from pyrobnn.methods import refuse_unsupported
+from pyrobnn.models.distributions import BernoulliUnitNoise, ConcreteUnitNoise
 
 __all__ = ["MCDropout", "ConcreteDropout"]
 

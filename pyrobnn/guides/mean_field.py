@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pyrobnn.models.distributions import SampleAwareNormal, ScalarNormal
 from pyrobnn.guides.base import WeightGuide, inverse_softplus, site_key
+from pyrobnn.models.distributions import SampleAwareNormal, ScalarNormal
 from pyrobnn.models.kl import normal_kl
 from pyrobnn.models.numerics import softplus
 

@@ -9,10 +9,10 @@ from typing import Optional
 import torch
 from torch import nn
 
-from pyrobnn.models.distributions import GaussianUnitNoise, LogUniform, MultiplicativeNormal
 from pyrobnn.guides.base import WeightGuide, site_key
-from pyrobnn.models.kl import log_uniform_kl
 from pyrobnn.methods import refuse_unsupported
+from pyrobnn.models.distributions import GaussianUnitNoise, LogUniform, MultiplicativeNormal
+from pyrobnn.models.kl import log_uniform_kl
 from pyrobnn.models.priors import LogUniformPrior
 
 __all__ = ["VariationalDropout", "SparseVariationalDropout", "GaussianDropout", "sparse_vd_terms"]

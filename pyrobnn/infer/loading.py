@@ -8,7 +8,8 @@ from __future__ import annotations
 from pyrobnn.infer.results.posterior import FORMAT, Posterior
 from pyrobnn.infer.results.protocol import Result
 from pyrobnn.infer.svi.variational import VariationalPosterior
-from pyrobnn.utils.io import FORMAT as GUIDE_FORMAT, safe_load
+from pyrobnn.utils.io import FORMAT as GUIDE_FORMAT
+from pyrobnn.utils.io import safe_load
 
 __all__ = ["load_posterior"]
 

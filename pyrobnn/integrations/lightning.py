@@ -11,11 +11,11 @@ from typing import Callable, Optional
 import lightning as L
 import torch
 
+from pyrobnn.infer.core.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
 from pyrobnn.infer.core.minibatch import minibatch_log_joint
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.starts import member_initializations
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior
-from pyrobnn.infer.core.potential import FlatPotential
-from pyrobnn.infer.core.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.infer.svi.trainer import default_optimizer

@@ -10,11 +10,11 @@ import pyro
 import torch
 from torch import nn
 
-from pyrobnn.models.likelihoods import Likelihood
 from pyrobnn.models.functional import call_with_weights
-from pyrobnn.models.sites import DEFAULT_EXCLUDE, select_sites
+from pyrobnn.models.likelihoods import Likelihood
 from pyrobnn.models.params import call_substituted, pyro_params
 from pyrobnn.models.priors import NormalPrior, Prior
+from pyrobnn.models.sites import DEFAULT_EXCLUDE, select_sites
 from pyrobnn.utils.validation import FiniteOnce, as_tensor, check_inputs, expected_input
 
 __all__ = ["BayesianModel"]

@@ -31,12 +31,12 @@ from torch.distributions import Independent, Normal, kl_divergence, register_kl
 
 from pyrobnn.models.distributions import (
     ARDNormal,
-    ScalarNormal,
     BernoulliUnitNoise,
     ConcreteUnitNoise,
     GaussianUnitNoise,
     LogUniform,
     MultiplicativeNormal,
+    ScalarNormal,
 )
 
 __all__ = ["kl_method", "log_uniform_kl", "normal_kl", "dropout_kl", "base_distribution", "kl_divergence"]

@@ -13,13 +13,13 @@ import warnings
 import pyro
 import torch
 
-from pyrobnn.utils.progress import tqdm
 import pyrobnn
-from pyrobnn.evaluation import metrics
 from pyrobnn.apps.compare.methods import METHODS, REFERENCES, build_model, predict_on, settings
 from pyrobnn.apps.compare.report import CALIBRATION_LEVELS, METRICS, plot_calibration, plot_toy, write_outputs
 from pyrobnn.data import gap_regression, uci, uci_num_splits
+from pyrobnn.evaluation import metrics
 from pyrobnn.utils.io import atomic_write_text
+from pyrobnn.utils.progress import tqdm
 
 __all__ = ["run_compare", "predictive_w2", "fit_method"]
 

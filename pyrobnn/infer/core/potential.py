@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch.distributions import biject_to
 
-from pyrobnn.utils import memory
 from pyrobnn.models.functional import call_with_weights
+from pyrobnn.utils import memory
 
 __all__ = ["FlatPotential"]
 

@@ -63,9 +63,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.core.integrators import MCLACHLAN_B1, esh_velocity_update, partial_refresh, unit_vector
 from pyrobnn.infer.mcmc.autocorrelation import MIN_ESS_DRAWS, effective_sample_size
+from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.runtime import compiled, raised_recompile_limits
 
 __all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc"]

@@ -17,15 +17,15 @@ import warnings
 import pyro
 import torch
 
-from pyrobnn.utils import memory
 from pyrobnn.infer.core.checkpoints import RunCheckpoint
+from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.core.problem import flat_problem, training_data
+from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
+from pyrobnn.infer.core.starts import initial_positions
 from pyrobnn.infer.mcmc import native as native_kernels
 from pyrobnn.infer.mcmc.backend import ExecutionPath, choose_path
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.infer.core.potential import FlatPotential
-from pyrobnn.infer.core.problem import flat_problem, training_data
-from pyrobnn.infer.core.starts import initial_positions
-from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
+from pyrobnn.utils import memory
 from pyrobnn.utils.validation import check_positive_int
 
 __all__ = ["run_sampler", "run_in_process_groups", "energies", "label"]

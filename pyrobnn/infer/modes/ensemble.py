@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
-from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.problem import flat_problem
-from pyrobnn.infer.core.starts import member_initializations
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
+from pyrobnn.infer.core.starts import member_initializations
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import check_positive_int, check_positive_number, validate_training_data
 
 __all__ = ["EnsemblePosterior", "deep_ensemble", "train_members"]

@@ -41,12 +41,12 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyrobnn.utils import memory
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.results.protocol import evenly_spaced
-from pyrobnn.models.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from pyrobnn.methods import LATENT_ONLY, MethodSpec, Support, check_budget, refuse_unsupported, register
+from pyrobnn.models.likelihoods import BernoulliLikelihood, GaussianLikelihood
+from pyrobnn.utils import memory
 from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, validate_training_data
 
 __all__ = ["LaplacePosterior", "laplace", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]

@@ -29,15 +29,15 @@ from dataclasses import dataclass
 
 import torch
 
-from pyrobnn.utils.progress import tqdm
-from pyrobnn.infer.core.curvature import largest_curvature
-from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
+from pyrobnn.infer.core.curvature import largest_curvature
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
-from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.problem import flat_problem, training_data
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import check_positive_int
 
 __all__ = ["SWAGMoments", "SWAGPosterior", "swag", "swag_moments", "AUTO_LR"]

@@ -14,8 +14,8 @@ import warnings
 import numpy as np
 import torch
 
-from pyrobnn.infer.results.protocol import Result
 from pyrobnn.infer.results.predictive import network_outputs
+from pyrobnn.infer.results.protocol import Result
 from pyrobnn.utils.validation import as_tensor
 
 __all__ = [

@@ -17,9 +17,9 @@ import pyro
 import torch
 from pyro.infer import Predictive
 
-from pyrobnn.utils import memory
 from pyrobnn.infer.results.protocol import Result, evenly_spaced
 from pyrobnn.models.functional import batched_stack, call_with_weights, swap_parameters
+from pyrobnn.utils import memory
 from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, check_same_placement
 
 __all__ = ["predict", "predict_draws", "predict_guide", "network_outputs", "posterior_mean_values", "DEFAULT_GUIDE_DRAWS"]

@@ -31,15 +31,15 @@ import time
 
 import torch
 
-from pyrobnn.utils.progress import tqdm
-from pyrobnn.infer.core.curvature import largest_curvature
-from pyrobnn.infer.core.starts import chain_starts
-from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_step, sgld_step
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
+from pyrobnn.infer.core.curvature import largest_curvature
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint_grad
-from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.problem import flat_problem
+from pyrobnn.infer.core.starts import chain_starts
+from pyrobnn.infer.results.posterior import Posterior
+from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_step, sgld_step
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.utils.progress import tqdm
 
 __all__ = ["sgld", "sghmc", "chain_starts", "AUTO_STEP"]
 

@@ -9,14 +9,14 @@ import time
 
 import torch
 
-from pyrobnn.utils.progress import tqdm
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
-from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.core.problem import flat_problem, training_data
 from pyrobnn.infer.core.starts import chain_starts
+from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.sgmcmc.smile_kernel import SMILESettings, SMILEState, smile_init, smile_step
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.utils.progress import tqdm
 
 __all__ = ["smile"]
 

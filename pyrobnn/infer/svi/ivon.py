@@ -43,8 +43,6 @@ import time
 
 import torch
 
-from pyrobnn.utils.progress import tqdm
-from pyrobnn.models.distributions import ScalarNormal
 from pyrobnn.guides.base import inverse_softplus, site_key
 from pyrobnn.guides.mean_field import MeanFieldNormal
 from pyrobnn.infer.core.minibatch import MinibatchLoop
@@ -52,6 +50,8 @@ from pyrobnn.infer.core.problem import flat_problem, training_data
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.variational import VariationalPosterior
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.models.distributions import ScalarNormal
+from pyrobnn.utils.progress import tqdm
 
 __all__ = ["ivon", "IVONState", "ivon_update", "default_beta2", "warmup_cosine_factor"]
 

@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from pyrobnn.models.estimators import ESTIMATORS, Estimator
 from pyrobnn.infer.svi.elbo import SplitELBO, make_elbo
 from pyrobnn.infer.svi.trace_free import TraceFreeELBO
+from pyrobnn.models.estimators import ESTIMATORS, Estimator
 from pyrobnn.utils.validation import check_positive_int
 
 __all__ = ["SVIObjective", "make_estimator", "trainable_parameters"]

@@ -19,14 +19,14 @@ from __future__ import annotations
 import torch
 from torch.distributions import kl_divergence
 
-from pyrobnn.models.distributions import UnitNoiseWeights
-from pyrobnn.models.estimators import SUPPORTED_LAYERS, Estimator, Factor, unit_noise_shape
-from pyrobnn.utils.runtime import compiled
 from pyrobnn.guides.base import WeightGuide
 from pyrobnn.infer.svi.elbo import ELBOTerms
-from pyrobnn.models.kl import base_distribution, kl_method
 from pyrobnn.models import BayesianModel
+from pyrobnn.models.distributions import UnitNoiseWeights
+from pyrobnn.models.estimators import SUPPORTED_LAYERS, Estimator, Factor, unit_noise_shape
 from pyrobnn.models.functional import swap_parameters
+from pyrobnn.models.kl import base_distribution, kl_method
+from pyrobnn.utils.runtime import compiled
 
 __all__ = ["TraceFreeELBO"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import inspect
+import math
 import numbers
 import os
 import time
@@ -13,17 +13,17 @@ from typing import Callable, Optional
 import pyro
 import torch
 
-from pyrobnn.utils import memory
-from pyrobnn.utils.progress import tqdm
+from pyrobnn.guides import ConcreteDropout, GaussianDropout, MCDropout, MeanFieldNormal, SparseVariationalDropout, VariationalDropout
 from pyrobnn.infer.core.checkpoints import Checkpointing
 from pyrobnn.infer.core.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
-from pyrobnn.guides import ConcreteDropout, GaussianDropout, MCDropout, MeanFieldNormal, SparseVariationalDropout, VariationalDropout
-from pyrobnn.utils.io import atomic_save, safe_load
 from pyrobnn.methods import MethodSpec, Support, register
 from pyrobnn.models import BayesianModel
+from pyrobnn.utils import memory
+from pyrobnn.utils.io import atomic_save, safe_load
+from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import (
     as_tensor,
     check_forward,

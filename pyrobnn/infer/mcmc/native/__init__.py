@@ -49,7 +49,6 @@ from pyrobnn.models.priors import NormalPrior
 __all__ = ["NativeMLP", "unsupported_reason", "native_form", "multiply_adds", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable"]
 
 
-
 class _Model(ctypes.Structure):
     _fields_ = [
         ("num_layers", ctypes.c_int64), ("layers", ctypes.c_void_p), ("layer_prec", ctypes.c_void_p),
