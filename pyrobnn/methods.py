@@ -129,12 +129,25 @@ class MethodSpec:
 #: the registered methods, by key, in registration order
 METHODS: dict = {}
 
+#: the order in which the registry lists methods (the docs' tables, the conformance matrix), by
+#: family: never the order in which their modules happen to be imported. A method not named here
+#: is listed after these, in the order it registered.
+ORDER = (
+    "meanfield", "variational_dropout", "sparse_vd", "gaussian_dropout", "mc_dropout", "concrete_dropout", "ivon",
+    "nuts", "mclmc", "pyro_nuts", "ensemble_sampling", "deep_ensemble", "laplace", "swag", "sgld", "sghmc", "smile",
+)
+
 
 def register(method: MethodSpec) -> MethodSpec:
-    """Add ``method`` to the registry (a key registered twice is refused)."""
+    """Add ``method`` to the registry (a key registered twice is refused), in the place
+    :data:`ORDER` gives it."""
     if method.key in METHODS:
         raise ValueError(f"a method with key {method.key!r} is registered already")
     METHODS[method.key] = method
+    rank = {key: i for i, key in enumerate(ORDER)}
+    ordered = sorted(METHODS.items(), key=lambda item: rank.get(item[0], len(ORDER)))  # stable: the rest keep their order
+    METHODS.clear()
+    METHODS.update(ordered)
     return method
 
 
