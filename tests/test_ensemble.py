@@ -62,6 +62,23 @@ def test_map_member_of_the_conjugate_model_is_the_exact_posterior_mean():
     torch.testing.assert_close(w, mean.expand(3, 3), rtol=0, atol=1e-5)
 
 
+def test_a_warm_started_ensemble_continues_from_the_members_it_is_given():
+    """Members started from a previous ensemble (``init``) start at its members (one Adam step of
+    1e-12 moves each weight by about 1e-12) and go on from there to the posterior mode."""
+    X, y, mean, _ = conjugate_problem()
+    model = bayesian_linear_model()
+    first = deep_ensemble(model, X, y, num_members=3, lr=0.05, batch_size=None, max_epochs=20, progress=False)
+    again = deep_ensemble(model, X, y, num_members=3, lr=1e-12, batch_size=None, max_epochs=1, progress=False, init=first)
+    torch.testing.assert_close(again.samples["weight"], first.samples["weight"], rtol=0, atol=1e-10)
+    fresh = deep_ensemble(model, X, y, num_members=3, lr=1e-12, batch_size=None, max_epochs=1, progress=False)
+    assert not torch.allclose(fresh.samples["weight"], first.samples["weight"], atol=1e-3)  # the check can fail
+    on = deep_ensemble(model, X, y, num_members=3, lr=0.05, batch_size=None, max_epochs=1500, progress=False, init=first)
+    torch.testing.assert_close(on.samples["weight"].reshape(3, 3), mean.expand(3, 3), rtol=0, atol=1e-5)
+    assert again.settings["init"].startswith("EnsemblePosterior")
+    with pytest.raises(ValueError, match="one per member"):
+        deep_ensemble(model, X, y, num_members=2, max_epochs=1, progress=False, init=first)
+
+
 def test_an_ensemble_predicts_the_equal_weight_mixture_everywhere():
     model, x, y = small_problem()
     ensemble = deep_ensemble(model, x, y, num_members=4, validation=0.2, lr=1e-2, max_epochs=40, progress=False)

@@ -175,3 +175,24 @@ def test_batch_normalization_uses_its_running_statistics_and_dropout_is_off():
     # the network's own statistics are the ones used, and left as they were
     after = model.net.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before if "running" in k or "num_batches" in k)
+
+
+def test_given_prior_precisions_are_used_and_checked():
+    """``prior_precision`` replaces the model's: without tuning the approximation keeps it, and the
+    posterior covariance is the conjugate one at that precision (exact for this model)."""
+    X, y, _, _ = conjugate_problem()
+    model = bayesian_linear_model()
+    precision = 4.0
+    lam = X.T @ X / NOISE**2 + precision * torch.eye(3, dtype=X.dtype)
+    m = torch.linalg.solve(lam, X.T @ y / NOISE**2)
+    result = laplace(model, X, y.unsqueeze(-1), hessian="full", tune_prior=False, prior_precision=[precision],
+                     map_estimate={"weight": m.reshape(1, 3)}, num_samples=10)
+    torch.testing.assert_close(result.prior_precision.reshape(-1), torch.tensor([precision], dtype=X.dtype))
+    torch.testing.assert_close(result.approximation.posterior_covariance, torch.linalg.inv(lam), rtol=1e-6, atol=1e-12)
+    tuned = laplace(model, X, y.unsqueeze(-1), hessian="full", tune_steps=5, prior_precision=[precision],
+                    map_estimate={"weight": m.reshape(1, 3)}, num_samples=10)
+    assert tuned.settings["tune_steps"] == 5
+    with pytest.raises(ValueError, match="prior_precision must hold 1 positive"):
+        laplace(model, X, y.unsqueeze(-1), prior_precision=[1.0, 2.0], map_estimate={"weight": m.reshape(1, 3)})
+    with pytest.raises(ValueError, match="tune_steps"):
+        laplace(model, X, y.unsqueeze(-1), tune_steps=0, map_estimate={"weight": m.reshape(1, 3)})

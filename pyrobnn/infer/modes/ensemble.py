@@ -34,7 +34,7 @@ from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.core.problem import flat_problem
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
-from pyrobnn.infer.core.starts import member_initializations
+from pyrobnn.infer.core.starts import initial_positions, member_initializations
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
 from pyrobnn.utils.progress import tqdm
@@ -222,6 +222,7 @@ def deep_ensemble(
     progress: bool = True,
     num_processes: int = 1,
     checkpoint=None,
+    init=None,
 ) -> EnsemblePosterior:
     """A deep ensemble of ``num_members`` members of ``model`` trained on ``(x, y)``.
 
@@ -244,6 +245,11 @@ def deep_ensemble(
         file resumes from it and trains the members an uninterrupted run trains
         (:mod:`pyrobnn.infer.core.checkpoints`). With ``num_processes``, each process writes its own
         file, ``<checkpoint>.group<i>-of-<k>``.
+    :param init: where the members start instead of the network's own initialization: a
+        :class:`~pyrobnn.infer.results.posterior.Posterior` with ``num_members`` chains (the last
+        draw of each: a previous ensemble's members, a sampler's last draws), or a tensor of
+        unconstrained positions ``(num_members, dim)``. A warm start, e.g. to refit after new data
+        arrive (:mod:`pyrobnn.integrations.botorch`).
     :returns: an :class:`EnsemblePosterior`: the members as ``(K, 1, *shape)`` draws.
 
     Example::
@@ -280,7 +286,12 @@ def deep_ensemble(
         if x_val is not None:
             x_val, y_val = potential.check_data(x_val.to(device, dtype), y_val.to(device))
         y_checked = potential.y
-        z0 = member_initializations(model, potential, num_members, seed)
+        if init is None:
+            z0 = member_initializations(model, potential, num_members, seed)
+        else:
+            z0 = initial_positions(potential, init, num_members, 0.0, None)
+            if z0.shape[0] != num_members:
+                raise ValueError(f"init gives {z0.shape[0]} starting points; num_members={num_members} needs one per member")
         start = time.perf_counter()
         options = dict(
             objective=objective, lr=lr, weight_decay=weight_decay, batch_size=batch_size, max_epochs=max_epochs,
@@ -310,6 +321,7 @@ def deep_ensemble(
     label = "deep ensemble (MAP)" if objective == "map" else "deep ensemble (likelihood)"
     settings = dict(
         num_members=num_members, validation=held_out, num_processes=num_processes, **options,
+        init=init,
     )
     return EnsemblePosterior(samples, stats, seconds, label, settings=settings, model=model, history=history)
 

@@ -264,6 +264,8 @@ def laplace(
     subset: str = "all",
     hessian: str = "kron",
     tune_prior: bool = True,
+    tune_steps: int = 100,
+    prior_precision=None,
     num_samples: int = 100,
     map_estimate=None,
     map_options=None,
@@ -279,6 +281,10 @@ def laplace(
         site (one for the layer with ``subset="last_layer"``), starting from the model's
         (laplace-torch's ``optimize_prior_precision``); if false, the model's prior precisions
         are used as they are.
+    :param tune_steps: Adam steps of that maximization (laplace-torch's ``n_steps``).
+    :param prior_precision: the precisions to start from (or to use, without ``tune_prior``)
+        instead of the model's: one per covered site (one for ``subset="last_layer"``), e.g. a
+        previous fit's ``prior_precision`` to warm-start a refit on more data.
     :param num_samples: draws from the Gaussian posterior kept in the result.
     :param map_estimate: the MAP, as a one-member :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior`
         or ``{site: value}``; default: trained here by :func:`~pyrobnn.infer.modes.ensemble.deep_ensemble`
@@ -292,6 +298,7 @@ def laplace(
     if hessian not in HESSIANS:
         raise ValueError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
     check_budget("laplace", "num_samples", num_samples)
+    check_budget("laplace", "tune_steps", tune_steps)
     if batch_size is not None:
         check_budget("laplace", "batch_size", batch_size)
     x, y = validate_training_data(model, x, y)
@@ -305,7 +312,9 @@ def laplace(
             raise ValueError(f"laplace takes a Bernoulli likelihood with one output (laplace-torch has one label per point); the network has {outputs}")
         y = y.reshape(-1).long()
     with laplace_torch_quiet():
-        from laplace import Laplace  # imported on use: laplace-torch loads its curvature backends (seconds)
+        from laplace import (
+            Laplace,  # imported on use: laplace-torch loads its curvature backends (seconds)
+        )
 
     start = time.perf_counter()
     values = _map_values(model, map_estimate, x, y, seed, map_options)
@@ -339,6 +348,11 @@ def laplace(
                 "(e.g. NormalPrior without fan_in)"
             )
         precisions, structure = precisions[:1], "scalar"
+    if prior_precision is not None:
+        given = torch.as_tensor(prior_precision, dtype=model.dtype, device=model.device).reshape(-1)
+        if given.shape != precisions.shape or not bool((torch.isfinite(given) & (given > 0)).all()):
+            raise ValueError(f"prior_precision must hold {precisions.numel()} positive finite values (one per covered site), got {given.tolist()}")
+        precisions = given
     latents = list(model.likelihood.latent_sites())
     if kind == "regression":
         noise = values[latents[0]] if latents else model.likelihood.scale()
@@ -350,7 +364,8 @@ def laplace(
             batch_size = min(CURVATURE_BATCH, memory.points_per_chunk(x.shape[0], 1, per_point, memory.GRADIENT_FACTOR))
         la.fit(DataLoader(TensorDataset(x, y), batch_size=batch_size))
         if tune_prior:
-            la.optimize_prior_precision(method="marglik", pred_type="glm", init_prior_prec=precisions.clone(), prior_structure=structure)
+            la.optimize_prior_precision(method="marglik", pred_type="glm", init_prior_prec=precisions.clone(), prior_structure=structure,
+                                        n_steps=tune_steps)
     generator = torch.Generator(device=model.device).manual_seed(seed)
     with torch.no_grad():
         draws = la.sample(num_samples, generator=generator)
@@ -372,7 +387,7 @@ def laplace(
     for p in net.parameters():
         p.requires_grad_(False)
     settings = dict(
-        subset=subset, hessian=hessian, tune_prior=tune_prior, num_samples=num_samples, map_estimate=map_estimate,
+        subset=subset, hessian=hessian, tune_prior=tune_prior, tune_steps=tune_steps, prior_precision=prior_precision, num_samples=num_samples, map_estimate=map_estimate,
         map_options=map_options, batch_size=batch_size, seed=seed,
     )
     return LaplacePosterior(
@@ -392,6 +407,6 @@ register(MethodSpec(
             "prior": "the approximation hands laplace-torch one Gaussian prior precision per site, which only a NormalPrior has",
         },
     ),
-    budgets={"num_samples": 1, "batch_size": 1},
+    budgets={"num_samples": 1, "batch_size": 1, "tune_steps": 1},
     quick={"num_samples": 4, "map_options": {"max_epochs": 2, "progress": False}},
 ))

@@ -1,0 +1,333 @@
+"""Bayesian optimization with BNN surrogates: pyrobnn's posteriors beside BoTorch's GP, Sobol
+random search and laplace-bayesopt, on BoTorch's test functions.
+
+Protocol (after Li, Rudner, Wilson et al., ICLR 2024, at budgets this machine runs): each
+problem noiseless, its inputs scaled to the unit cube, the outcomes standardized by each
+surrogate (BoTorch's ``Standardize``); ``n_init`` Sobol points, the same for every method within a
+seed; then ``steps`` rounds of ``q`` points chosen by qLogNoisyExpectedImprovement, optimized by
+``optimize_acqf`` (``num_restarts``, ``raw_samples``). pyrobnn's surrogates refit warm-started
+from the previous posterior after each round (``PosteriorSurrogate.refit``); at the last round a
+cold fit on the same data is timed beside the warm one (``warm_refit_speedup``), and with
+``--cold-arm`` whole cold-refit runs give the final regret to compare with. Every
+(problem, method, seed) runs in a fresh process, so that its peak memory (the high-water mark of
+the resident set above the process after its imports) is its own.
+
+Prints per problem the median log10 simple regret at the end with its spread over seeds (min and
+max), the seconds per BO step split into fit and acquisition, and peak memory; writes the regret
+curves to ``--out`` (a JSON file and one PNG per problem) and prints one JSON object last.
+
+    python benchmarks/bayesopt.py --quick          # CI: Branin and Hartmann-6, small budgets
+    python benchmarks/bayesopt.py --out docs/_static/bayesopt   # the recorded run (docs/bayesopt.md)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+QUICK = dict(problems=["branin", "hartmann6"], seeds=2, n_init=6, q=2, steps=5, num_restarts=2, raw_samples=64, num_samples=16)
+FULL = dict(problems=["branin", "hartmann6", "ackley10", "levy20"], seeds=3, n_init=10, q=4, steps=8, num_restarts=4,
+            raw_samples=256, num_samples=32)
+METHODS = ["random", "gp", "laplace_bayesopt", "nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"]
+
+#: the pyrobnn methods' options at each budget (merged over pyrobnn.integrations.botorch.BO_OPTIONS)
+OPTIONS = {
+    "quick": {
+        "nuts": dict(num_samples=16, num_warmup=100, num_chains=2, max_tree_depth=5),
+        "mclmc": dict(num_samples=16, num_warmup=(400, 100, 100), num_chains=2, thinning=5),
+        "deep_ensemble": dict(num_members=4, max_epochs=300),
+        "laplace": dict(map_options=dict(max_epochs=300, lr=1e-2, batch_size=None, patience=1000)),
+        "ivon": dict(epochs=300),
+        "swag": dict(num_epochs=30, map_options=dict(max_epochs=300, lr=1e-2, batch_size=None, patience=1000)),
+    },
+    "full": {
+        "nuts": dict(num_samples=32, num_warmup=200, num_chains=4, max_tree_depth=6),
+        "mclmc": dict(num_samples=32, num_warmup=(2000, 400, 400), num_chains=4, thinning=10),
+        "deep_ensemble": dict(num_members=8, max_epochs=1000),
+        "laplace": dict(),
+        "ivon": dict(epochs=1000),
+        "swag": dict(),
+    },
+}
+
+
+def problem(name):
+    from botorch.test_functions import Ackley, Branin, Hartmann, Levy
+
+    fn = {"branin": lambda: Branin(negate=True), "hartmann6": lambda: Hartmann(dim=6, negate=True),
+          "ackley10": lambda: Ackley(dim=10, negate=True), "levy20": lambda: Levy(dim=20, negate=True)}[name]()
+    bounds = fn.bounds.to(torch.float64)
+
+    def f(x):  # x in the unit cube
+        return fn(bounds[0] + x * (bounds[1] - bounds[0])).unsqueeze(-1)
+
+    return f, float(fn.optimal_value), bounds.shape[1]  # the optimum of the negated function (BoTorch signs it)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def laplace_bayesopt_model(X, Y):
+    from botorch.models.transforms.outcome import Standardize
+    from laplace_bayesopt.botorch import LaplaceBoTorch
+
+    d = X.shape[-1]
+
+    def get_net():  # the same network as pyrobnn's default surrogate
+        return torch.nn.Sequential(torch.nn.Linear(d, 50), torch.nn.Tanh(), torch.nn.Linear(50, 50), torch.nn.Tanh(),
+                                   torch.nn.Linear(50, 1)).double()
+
+    return LaplaceBoTorch(get_net, X, Y, outcome_transform=Standardize(1))  # its defaults otherwise
+
+
+def run_one(name, method, seed, settings, budget, cold_refits=False):
+    """One BO run; returns its record (a dict)."""
+    from botorch.acquisition.logei import qLogNoisyExpectedImprovement
+    from botorch.optim import optimize_acqf
+    from torch.quasirandom import SobolEngine
+
+    torch.manual_seed(seed)
+    f, best_possible, d = problem(name)
+    X = SobolEngine(d, scramble=True, seed=seed).draw(settings["n_init"]).to(torch.float64)
+    Y = f(X)
+    baseline = rss_mb()
+    bounds = torch.stack([torch.zeros(d), torch.ones(d)]).to(torch.float64)
+    best = [float(Y.max())]
+    fit_s, acq_s, warm_s, cold_s = [], [], [], []
+    surrogate = None
+    sobol = SobolEngine(d, scramble=True, seed=10_000 + seed)
+    error = None
+    for step in range(settings["steps"]):
+        q = settings["q"]
+        t0 = time.perf_counter()
+        if method == "random":
+            candidates = sobol.draw(q).to(torch.float64)
+            t1 = t0
+        else:
+            if method == "gp":
+                from botorch.fit import fit_gpytorch_mll
+                from botorch.models import SingleTaskGP
+                from gpytorch.mlls import ExactMarginalLogLikelihood
+
+                model = SingleTaskGP(X, Y)
+                fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+            elif method == "laplace_bayesopt":
+                model = laplace_bayesopt_model(X, Y)
+            else:
+                from pyrobnn.integrations.botorch import fit_surrogate
+
+                if surrogate is None or cold_refits:
+                    surrogate = fit_surrogate(X, Y, method, options=OPTIONS[budget][method], num_samples=settings["num_samples"], seed=seed)
+                else:
+                    surrogate = surrogate.refit(X[-q:], Y[-q:], warm=True)
+                    (warm_s if surrogate.warm else cold_s).append(surrogate.fit_seconds)
+                model = surrogate
+            t1 = time.perf_counter()
+            # BoTorch's default prunes the baseline; laplace-bayesopt's posterior fails there
+            # ("Models with multiple batch dims are currently unsupported by prune_inferior_points")
+            acq = qLogNoisyExpectedImprovement(model, X_baseline=X, prune_baseline=method != "laplace_bayesopt")
+            candidates, _ = optimize_acqf(acq, bounds=bounds, q=q, num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
+            candidates = candidates.detach()
+        t2 = time.perf_counter()
+        fit_s.append(t1 - t0)
+        acq_s.append(t2 - t1)
+        X, Y = torch.cat([X, candidates]), torch.cat([Y, f(candidates)])
+        best.append(float(Y.max()))
+    cold_same_data = None
+    if surrogate is not None and not cold_refits and warm_s:
+        cold = surrogate.refit(warm=False)  # a cold fit on the data the last warm refit saw
+        cold_same_data = cold.fit_seconds
+    regret = [max(best_possible - b, 1e-12) for b in best]
+    return dict(
+        problem=name, method=method, seed=seed, cold_refits=cold_refits, log10_regret=[math.log10(r) for r in regret],
+        evaluations=[settings["n_init"] + i * settings["q"] for i in range(len(best))], fit_seconds=fit_s, acq_seconds=acq_s,
+        warm_fit_seconds=warm_s, cold_fit_seconds_same_data=cold_same_data, peak_memory_mb=peak_mb() - baseline, error=error,
+    )
+
+
+def child(args):
+    settings = json.loads(args.settings)
+    try:
+        record = run_one(args.problem, args.method, args.seed, settings, args.budget, args.cold_refits)
+    except Exception as exc:  # reported in the table, not fatal to the benchmark
+        record = dict(problem=args.problem, method=args.method, seed=args.seed, cold_refits=args.cold_refits,
+                      error=f"{type(exc).__name__}: {exc}"[:300])
+    print("RECORD " + json.dumps(record))
+
+
+def launch(problem_name, method, seed, settings, budget, cold_refits, threads):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--problem", problem_name, "--method", method, "--seed", str(seed),
+           "--settings", json.dumps(settings), "--budget", budget] + (["--cold-refits"] if cold_refits else [])
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+
+
+def median(values):
+    values = sorted(values)
+    n = len(values)
+    return float("nan") if n == 0 else (values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2]))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="Branin and Hartmann-6 at small budgets (CI)")
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--problems", nargs="+", default=None)
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--cold-arm", action="store_true", help="also run pyrobnn's surrogates with cold refits on the first problem")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once, one process each")
+    parser.add_argument("--out", default=None, help="folder for results.json and the regret plots")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--problem", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--settings", help=argparse.SUPPRESS)
+    parser.add_argument("--budget", help=argparse.SUPPRESS)
+    parser.add_argument("--cold-refits", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child(args)
+    budget = "quick" if args.quick else "full"
+    settings = dict(QUICK if args.quick else FULL)
+    for key in ("problems", "seeds", "steps"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    pyrobnn_methods = [m for m in args.methods if m not in ("random", "gp", "laplace_bayesopt")]
+    jobs = [(p, m, s, False) for p in settings["problems"] for m in args.methods for s in range(settings["seeds"])]
+    if args.cold_arm:
+        jobs += [(settings["problems"][0], m, s, True) for m in pyrobnn_methods for s in range(settings["seeds"])]
+    print(f"Bayesian optimization: {len(jobs)} runs ({budget}: {json.dumps(settings)}), {args.jobs} at once", flush=True)
+    started = time.perf_counter()
+    records, running = [], []
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    queue = list(jobs)
+    while queue or running:
+        while queue and len(running) < args.jobs:
+            job = queue.pop(0)
+            running.append((job, launch(*job[:3], settings, budget, job[3], threads)))
+        time.sleep(0.2)
+        for item in list(running):
+            job, proc = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            out = proc.stdout.read()
+            lines = [line for line in out.splitlines() if line.startswith("RECORD ")]
+            record = json.loads(lines[-1][7:]) if lines else dict(problem=job[0], method=job[1], seed=job[2], cold_refits=job[3],
+                                                                  error=f"the run's process exited {proc.returncode} without a record")
+            records.append(record)
+            tag = " (cold refits)" if job[3] else ""
+            if record.get("error"):
+                print(f"  {job[0]:10s} {job[1]:17s} seed {job[2]}{tag}: {record['error']}", flush=True)
+            else:
+                print(f"  {job[0]:10s} {job[1]:17s} seed {job[2]}{tag}: log10 regret {record['log10_regret'][-1]:+.2f}, "
+                      f"fit {sum(record['fit_seconds']):.1f} s, acquisition {sum(record['acq_seconds']):.1f} s", flush=True)
+    summary = summarize(records, settings, args.methods)
+    print(f"{time.perf_counter() - started:.0f} s in all")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bayesopt_runs.json"), "w") as fh:
+            json.dump(dict(settings=settings, budget=budget, records=records), fh, indent=1)
+        plot(records, settings, args.out)
+    print(json.dumps(summary))
+
+
+def summarize(records, settings, methods):
+    ok = [r for r in records if not r.get("error")]
+    regret, spread, seconds, memory, speedup, cold_arm = {}, {}, {}, {}, {}, {}
+    for p in settings["problems"]:
+        print(f"\n{p}: median log10 simple regret after {settings['n_init'] + settings['steps'] * settings['q']} evaluations "
+              f"[min, max over {settings['seeds']} seeds]; seconds per step (fit + acquisition); peak memory")
+        regret[p], spread[p] = {}, {}
+        for m in methods:
+            runs = [r for r in ok if r["problem"] == p and r["method"] == m and not r["cold_refits"]]
+            failed = [r for r in records if r["problem"] == p and r["method"] == m and r.get("error")]
+            if not runs:
+                reason = failed[0]["error"] if failed else "not run"
+                regret[p][m] = None
+                print(f"  {m:17s} did not run: {reason}")
+                continue
+            finals = [r["log10_regret"][-1] for r in runs]
+            regret[p][m] = round(median(finals), 3)
+            spread[p][m] = [round(min(finals), 3), round(max(finals), 3)]
+            fit = median([median(r["fit_seconds"]) for r in runs])
+            acq = median([median(r["acq_seconds"]) for r in runs])
+            mem = max(r["peak_memory_mb"] for r in runs)
+            seconds.setdefault(m, {})[p] = {"fit": round(fit, 3), "acquisition": round(acq, 3)}
+            memory.setdefault(m, {})[p] = round(mem, 1)
+            print(f"  {m:17s} {regret[p][m]:+7.2f} [{spread[p][m][0]:+.2f}, {spread[p][m][1]:+.2f}]   "
+                  f"{fit:7.2f} + {acq:6.2f} s   {mem:7.1f} MB" + (f"   ({len(failed)} runs failed)" if failed else ""))
+            warm = [(r["cold_fit_seconds_same_data"], median(r["warm_fit_seconds"])) for r in runs
+                    if r.get("warm_fit_seconds") and r.get("cold_fit_seconds_same_data")]
+            if warm:
+                speedup.setdefault(m, []).extend(c / w for c, w in warm)
+        cold_runs = [r for r in ok if r["problem"] == p and r["cold_refits"]]
+        for m in sorted({r["method"] for r in cold_runs}):
+            finals = [r["log10_regret"][-1] for r in cold_runs if r["method"] == m]
+            cold_arm.setdefault(p, {})[m] = {"cold": round(median(finals), 3), "warm": regret[p].get(m),
+                                             "cold_spread": [round(min(finals), 3), round(max(finals), 3)]}
+    print("\nwarm refit: cold-fit seconds over warm-refit seconds on the same data (median over runs)")
+    warm_refit_speedup = {}
+    for m, values in speedup.items():
+        warm_refit_speedup[m] = round(median(values), 2)
+        print(f"  {m:17s} {warm_refit_speedup[m]:.1f}x")
+    for m in methods:
+        if m not in ("random", "gp", "laplace_bayesopt") and m not in warm_refit_speedup:
+            warm_refit_speedup[m] = None
+            print(f"  {m:17s} refits cold (no warm start for this method)")
+    if cold_arm:
+        print("\nfinal regret, warm refits against cold refits (median log10 regret)")
+        for p, rows in cold_arm.items():
+            for m, row in rows.items():
+                print(f"  {p} {m:17s} warm {row['warm']:+.2f}  cold {row['cold']:+.2f} [{row['cold_spread'][0]:+.2f}, {row['cold_spread'][1]:+.2f}]")
+    lb = [r for r in records if r["method"] == "laplace_bayesopt"]
+    lb_errors = sorted({r["error"] for r in lb if r.get("error")})
+    return dict(regret=regret, regret_spread=spread, warm_refit_speedup=warm_refit_speedup, seconds_per_step=seconds,
+                peak_memory_mb=memory, cold_arm=cold_arm, laplace_bayesopt=lb_errors[0] if lb_errors else "ran",
+                settings=settings)
+
+
+def plot(records, settings, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in records if not r.get("error") and not r["cold_refits"]]
+    for p in settings["problems"]:
+        fig, ax = plt.subplots(figsize=(5, 3.4))
+        for m in sorted({r["method"] for r in ok if r["problem"] == p}):
+            runs = [r for r in ok if r["problem"] == p and r["method"] == m]
+            curves = torch.tensor([r["log10_regret"] for r in runs])
+            evals = runs[0]["evaluations"]
+            ax.plot(evals, curves.median(0).values, label=m, linestyle="--" if m in ("random", "gp", "laplace_bayesopt") else "-")
+            ax.fill_between(evals, curves.min(0).values, curves.max(0).values, alpha=0.12)
+        ax.set_xlabel("function evaluations")
+        ax.set_ylabel("log10 simple regret")
+        ax.set_title(f"{p}: median and range over {settings['seeds']} seeds")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, f"bayesopt_{p}.png"), dpi=120)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,617 @@
+r"""Every pyrobnn posterior as a BoTorch surrogate for Bayesian optimization.
+
+:func:`fit_surrogate` fits a :class:`~pyrobnn.models.BayesianModel` to ``(train_X, train_Y)``
+with any registered method (:mod:`pyrobnn.methods`) and returns a BoTorch ``Model``:
+
+- :class:`PosteriorSurrogate` (every method): BoTorch's ``EnsembleModel`` over ``S`` weight
+  draws of the result, :math:`f_s(x) = f(x, w_s)`. Each member is one whole function (the same
+  weights at every point), so ``posterior([x, x])`` has equal values in both slots and a joint
+  acquisition (qLogNEI's baseline and candidates) is exact for the mixture; the values are
+  differentiable in ``X``; the members are chosen once, under ``seed``
+  (``result.as_draws(num_samples, seed=seed)``), so an acquisition value is repeatable. With
+  ``observation_noise=True`` each member adds its own noise scale (the likelihood's
+  :math:`\sigma`, or member ``s``'s draw of a noise scale with a prior) times a standard normal
+  drawn under ``seed``.
+- :class:`LaplaceSurrogate` (``method="laplace"``, the default form ``"joint"``): the linearized
+  (GLM) predictive of the Laplace approximation as a Gaussian over the ``q`` points of each batch,
+  mean :math:`f(x, \hat w)` and joint covariance :math:`J(x)\,\Sigma\,J(x)^\top` (Immer et al.
+  2021), :math:`J` the network's Jacobian in the covered weights and :math:`\Sigma` laplace-torch's
+  posterior covariance (full, diagonal or Kronecker-factored). The Jacobians are formed for a
+  chunk of batches at a time, so memory grows with ``b q P`` (``P`` weights) and never with
+  :math:`(b q)^2` as a covariance over all ``b x q`` points would; ``laplace_form="samples"``
+  gives the linearized predictive at the result's weight draws as an ensemble instead.
+
+``condition_on_observations(X, Y)`` (and :meth:`PosteriorSurrogate.refit`) refits on the old
+and new data **warm-started** from the previous posterior (:data:`WARM_STARTS`: a sampler's last
+draws as starting positions, an ensemble's members, the MAP of Laplace and SWAG) with a stated
+fraction ``warm_fraction`` of the cold fit's tuning or training budget. The input and outcome
+transforms of BoTorch apply as in its own models (the outcome transform, ``Standardize`` by
+default, is fitted to the training targets; the model is fitted in transformed units).
+
+Li, Rudner, Wilson et al. (2024), "A Study of Bayesian Neural Network Surrogates for Bayesian
+Optimization", ICLR: the benchmark ``benchmarks/bayesopt.py`` runs these surrogates against
+BoTorch's GP and laplace-bayesopt.
+
+This module needs BoTorch: ``pip install 'pyrobnn[bo]'``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from typing import Optional
+
+import torch
+
+try:
+    from botorch.exceptions.errors import UnsupportedError
+    from botorch.models.ensemble import EnsembleModel
+    from botorch.models.model import Model
+    from botorch.models.transforms.outcome import Standardize
+    from botorch.posteriors.ensemble import EnsemblePosterior
+    from botorch.posteriors.gpytorch import GPyTorchPosterior
+    from gpytorch.distributions import MultitaskMultivariateNormal, MultivariateNormal
+except ImportError as error:  # pragma: no cover - the optional extra is missing
+    raise ImportError("pyrobnn.integrations.botorch needs BoTorch: pip install 'pyrobnn[bo]'") from error
+
+from pyrobnn import methods
+from pyrobnn.infer.modes.ensemble import deep_ensemble
+from pyrobnn.infer.modes.laplace import LaplacePosterior
+from pyrobnn.infer.results.posterior import Posterior
+from pyrobnn.infer.results.protocol import Result
+from pyrobnn.models import MLP, BayesianModel
+from pyrobnn.models.functional import call_with_weights
+from pyrobnn.models.likelihoods import GaussianLikelihood, HeteroscedasticGaussianLikelihood
+from pyrobnn.models.priors import NormalPrior
+
+__all__ = [
+    "PosteriorSurrogate", "LaplaceSurrogate", "fit_surrogate", "default_model", "BO_OPTIONS", "WARM_STARTS",
+    "JACOBIAN_CHUNK_BYTES",
+]
+
+#: per method, the cold-fit options :func:`fit_surrogate` starts from (a user's ``options`` are
+#: merged over them): budgets for a BO data set of tens to hundreds of points, full batch where
+#: the method takes a batch size
+BO_OPTIONS = {
+    "nuts": dict(num_samples=64, num_warmup=200, num_chains=4, max_tree_depth=6),
+    "mclmc": dict(num_samples=64, num_warmup=(1000, 200, 200), num_chains=4, thinning=5),
+    "deep_ensemble": dict(num_members=8, max_epochs=1000, lr=1e-2, batch_size=None, patience=1000),
+    "laplace": dict(hessian="kron", num_samples=64, map_options=dict(max_epochs=1000, lr=1e-2, batch_size=None, patience=1000)),
+    "swag": dict(num_epochs=100, rank=10, num_samples=64, batch_size=32,
+                 map_options=dict(max_epochs=1000, lr=1e-2, batch_size=None, patience=1000)),
+    "ivon": dict(epochs=1000, lr=0.1, ess=None),
+    "sgld": dict(num_steps=4000, thinning=50, step_size="auto"),
+    "sghmc": dict(num_steps=4000, thinning=50, step_size="auto"),
+}
+
+#: the most bytes of Jacobians the joint Laplace covariance forms at once (a chunk of batches)
+JACOBIAN_CHUNK_BYTES = 64 << 20
+
+
+def default_model(d: int, m: int = 1, *, hidden=(50, 50), dtype=torch.float64) -> BayesianModel:
+    r"""The surrogate network where none is given: an MLP ``d -> 50 -> 50 -> m`` with tanh
+    activations (smooth functions of the inputs, as BO's objectives mostly are), a
+    :class:`~pyrobnn.models.priors.NormalPrior` of scale 1 scaled by fan-in on the weights, and a
+    Gaussian likelihood whose noise scale :math:`\sigma` has a LogNormal(-3, 1) prior on
+    standardized outcomes (median 0.05, as the noise priors of BoTorch's GPs: BO's objectives are
+    mostly noiseless, and a wide prior lets a MAP on tens of points explain every value as noise)."""
+    import pyro.distributions as dist
+
+    net = MLP(d, m, hidden=hidden, activation="tanh").to(dtype)
+    noise = dist.LogNormal(torch.tensor(-3.0, dtype=dtype), torch.tensor(1.0, dtype=dtype))
+    return BayesianModel(net, GaussianLikelihood(scale=noise), prior=NormalPrior(1.0, fan_in=True))
+
+
+# -- warm starts --------------------------------------------------------------------------------
+def _scaled(value, fraction):
+    if isinstance(value, (tuple, list)):
+        return type(value)(max(1, round(v * fraction)) for v in value)
+    return max(1, round(value * fraction))
+
+
+def _one_member(model, values) -> Posterior:
+    """``{site: value}`` as a one-chain, one-draw posterior: a starting point."""
+    return Posterior({k: v.detach().reshape((1, 1) + tuple(v.shape)) for k, v in values.items()}, method="warm start", model=model)
+
+
+def _map_start(model, previous, x, y, options, fraction, seed):
+    """A MAP trained from the previous MAP for ``fraction`` of the cold fit's epochs."""
+    map_options = dict(options.get("map_options") or {})
+    map_options["max_epochs"] = _scaled(map_options.get("max_epochs", 500), fraction)
+    map_options.setdefault("progress", False)
+    return deep_ensemble(model, x, y, num_members=1, init=previous, seed=seed, **map_options)
+
+
+def _warm_mcmc(model, previous, x, y, options, fraction, seed):
+    warm = dict(options, init=previous, num_chains=previous.num_chains)
+    key = "num_warmup" if "num_warmup" in options else None
+    if key is not None:
+        warm[key] = _scaled(options[key], fraction)
+    return warm
+
+
+def _warm_sgmcmc(model, previous, x, y, options, fraction, seed):
+    warm = dict(options, init=previous, num_chains=previous.num_chains)
+    burnin = options.get("num_burnin")
+    steps = options.get("num_steps", 10000)
+    warm["num_burnin"] = _scaled(burnin if burnin is not None else steps // 2, fraction)
+    warm["num_steps"] = steps - (burnin if burnin is not None else steps // 2) + warm["num_burnin"]
+    return warm
+
+
+def _warm_ensemble(model, previous, x, y, options, fraction, seed):
+    return dict(options, init=previous, num_members=previous.num_chains, max_epochs=_scaled(options.get("max_epochs", 500), fraction))
+
+
+def _warm_laplace(model, previous, x, y, options, fraction, seed):
+    start = _one_member(model, previous.map_values)
+    return dict(options, map_estimate=_map_start(model, start, x, y, options, fraction, seed),
+                prior_precision=previous.prior_precision, tune_steps=_scaled(options.get("tune_steps", 100), fraction))
+
+
+def _warm_swag(model, previous, x, y, options, fraction, seed):
+    start = previous.moments.mean  # (runs, dim): each run's SWAG mean, unconstrained
+    map_options = dict(options.get("map_options") or {})
+    map_options["max_epochs"] = _scaled(map_options.get("max_epochs", 500), fraction)
+    map_options.setdefault("progress", False)
+    ensemble = deep_ensemble(model, x, y, num_members=start.shape[0], init=start, seed=seed, **map_options)
+    return dict(options, map_estimate=ensemble, num_epochs=_scaled(options.get("num_epochs", 50), fraction))
+
+
+#: how a refit starts from the previous posterior, per method: ``warm(model, previous, x, y,
+#: options, fraction, seed) -> options`` of the new fit, with ``fraction`` of the cold fit's
+#: tuning (samplers' warmup, SG-MCMC's burn-in) or training (an ensemble's and a MAP's epochs,
+#: SWAG's epochs) budget. A method not named here refits cold.
+WARM_STARTS = {
+    "nuts": _warm_mcmc,
+    "mclmc": _warm_mcmc,
+    "sgld": _warm_sgmcmc,
+    "sghmc": _warm_sgmcmc,
+    "smile": _warm_mcmc,
+    "deep_ensemble": _warm_ensemble,
+    "laplace": _warm_laplace,
+    "swag": _warm_swag,
+}
+
+
+@dataclasses.dataclass
+class SurrogateFit:
+    """How a surrogate was fitted, so that a refit can repeat it on more data."""
+
+    method: str
+    model: BayesianModel
+    options: dict
+    num_samples: int
+    seed: int
+    warm_fraction: float
+    laplace_form: str
+    train_X: torch.Tensor
+    train_Y: torch.Tensor
+    input_transform: object
+    outcome_transform: object
+    seconds: float = 0.0
+    warm: bool = False
+
+
+# -- the models -----------------------------------------------------------------------------------
+def _check_regression(model):
+    if not isinstance(model.likelihood, (GaussianLikelihood, HeteroscedasticGaussianLikelihood)):
+        raise ValueError(f"a BO surrogate needs a Gaussian likelihood (real-valued outcomes); the model has {type(model.likelihood).__name__}")
+
+
+def _locations(model, outputs):
+    """The mean function's values from the network's outputs (a heteroscedastic likelihood's
+    first half)."""
+    if isinstance(model.likelihood, HeteroscedasticGaussianLikelihood):
+        return model.likelihood.split(outputs)[0]
+    return outputs
+
+
+class _Refitting:
+    """What both surrogates share: the fit record, the train data, refitting."""
+
+    fit_record: SurrogateFit
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """A pyrobnn surrogate is one model (no batch of models): ``torch.Size([])``."""
+        return torch.Size([])
+
+    @property
+    def num_outputs(self) -> int:
+        return self.fit_record.train_Y.shape[-1]
+
+    @property
+    def fit_seconds(self) -> float:
+        """Seconds the fit that made this surrogate took (its method's run, plus a warm start's MAP)."""
+        return self.fit_record.seconds
+
+    @property
+    def warm(self) -> bool:
+        """Whether this surrogate was refitted from a previous one."""
+        return self.fit_record.warm
+
+    def refit(self, X=None, Y=None, *, warm: bool = True):
+        """A new surrogate fitted to the training data plus ``(X, Y)`` (in original units), from this
+        one's posterior when ``warm`` (:data:`WARM_STARTS`), else from scratch as the first fit."""
+        record = self.fit_record
+        train_X, train_Y = record.train_X, record.train_Y
+        if X is not None:
+            X, Y = _check_xy(X, Y, train_X.shape[-1], train_Y.shape[-1])
+            train_X, train_Y = torch.cat([train_X, X.to(train_X)]), torch.cat([train_Y, Y.to(train_Y)])
+        return _fit(record, train_X, train_Y, previous=self.result if warm else None)
+
+    def condition_on_observations(self, X, Y, **kwargs):
+        """BoTorch's conditioning: the surrogate refitted, warm-started, with ``(X, Y)`` added.
+        Fantasy batches (``Y`` with batch dimensions) would mean one refit per fantasy and are
+        refused."""
+        if Y.dim() > 2 or X.dim() > 2:
+            raise UnsupportedError("a pyrobnn surrogate conditions on (n, d) inputs and (n, m) outcomes, not on fantasy batches")
+        return self.refit(X, Y, warm=True)
+
+    # BoTorch's models transform stored training inputs; a pyrobnn surrogate was fitted on the
+    # transformed inputs already and keeps none to transform
+    def _set_transformed_inputs(self) -> None:
+        pass
+
+    def _revert_to_original_inputs(self) -> None:
+        pass
+
+    def subset_output(self, idcs):
+        raise UnsupportedError("a pyrobnn surrogate is one network over all outcomes: subset_output is not supported")
+
+
+def _check_xy(X, Y, d=None, m=None):
+    if not isinstance(X, torch.Tensor) or not isinstance(Y, torch.Tensor):
+        raise TypeError(f"train_X and train_Y must be tensors, got {type(X).__name__} and {type(Y).__name__}")
+    if X.dim() != 2:
+        raise ValueError(f"train_X must be (n, d), got shape {tuple(X.shape)}")
+    if Y.dim() == 1:
+        Y = Y.unsqueeze(-1)
+    if Y.dim() != 2 or Y.shape[0] != X.shape[0]:
+        raise ValueError(f"train_Y must be (n, m) with n = {X.shape[0]} as train_X, got shape {tuple(Y.shape)}")
+    if d is not None and X.shape[-1] != d:
+        raise ValueError(f"X has {X.shape[-1]} features; the surrogate was fitted on {d}")
+    if m is not None and Y.shape[-1] != m:
+        raise ValueError(f"Y has {Y.shape[-1]} outcomes; the surrogate was fitted on {m}")
+    if not (torch.isfinite(X).all() and torch.isfinite(Y).all()):
+        raise ValueError("train_X and train_Y must be finite")
+    return X, Y
+
+
+class PosteriorSurrogate(_Refitting, EnsembleModel):
+    """A pyrobnn result as BoTorch's ``EnsembleModel``: one member per weight draw (the module
+    docstring says how). Build it with :func:`fit_surrogate`, or from a result directly:
+    ``PosteriorSurrogate(result, train_X, train_Y)``, ``train_Y`` then in the units the model was
+    fitted in unless an ``outcome_transform`` is given (the one that was applied, in eval mode).
+
+    The draws are buffers (``draws.<i>``), so ``state_dict`` holds the members and
+    ``load_state_dict`` restores them."""
+
+    def __init__(self, result: Result, train_X, train_Y, *, num_samples: Optional[int] = 64, seed: int = 0,
+                 input_transform=None, outcome_transform=None, linearized: bool = False, _record: SurrogateFit = None):
+        if not isinstance(result, Result):
+            raise TypeError(f"result must be a pyrobnn Result, got {type(result).__name__}")
+        super().__init__()
+        model = result.model
+        _check_regression(model)
+        train_X, train_Y = _check_xy(train_X, train_Y)
+        self.result = result
+        self.model = model
+        self.fit_record = _record or SurrogateFit(
+            result.method, model, {}, num_samples, seed, 1.0, "samples", train_X, train_Y, input_transform, outcome_transform,
+        )
+        if input_transform is not None:
+            self.input_transform = input_transform
+        if outcome_transform is not None:
+            self.outcome_transform = outcome_transform.eval()
+        draws = result.as_draws(num_samples, seed=seed)
+        flat = {k: v.reshape((-1,) + tuple(v.shape[2:])).detach() for k, v in draws.samples.items()}
+        self._site_names = list(flat)
+        for i, name in enumerate(self._site_names):
+            self.register_buffer(f"draw_{i}", flat[name])
+        self.linearized = bool(linearized)
+        if self.linearized and not isinstance(result, LaplacePosterior):
+            raise ValueError(f"linearized members need a Laplace result, got {type(result).__name__}")
+        self.seed = int(seed)
+        self._num_outputs = train_Y.shape[-1]
+
+    @property
+    def num_members(self) -> int:
+        return getattr(self, "draw_0").shape[0]
+
+    def draws(self) -> dict:
+        """The members' weights, ``{site: (S, *shape)}``."""
+        return {name: getattr(self, f"draw_{i}") for i, name in enumerate(self._site_names)}
+
+    def forward(self, X):
+        """The members' values at ``X`` (``batch x n x d``): ``batch x S x n x m``."""
+        model = self.model
+        batch, (n, d) = X.shape[:-2], X.shape[-2:]
+        x = X.reshape(-1, d).to(model.dtype)
+        draws = self.draws()
+        was = model.net.training
+        model.net.eval()
+        try:
+            if self.linearized:
+                out = _linearized_members(self.result, draws, x)
+            else:
+                weights = {s.name: draws[s.name] for s in model.sites}
+                out = call_with_weights(model.net, model.sites, weights, x)
+        finally:
+            model.net.train(was)
+        out = _locations(model, out)  # (S, B n, m)
+        out = out.reshape((out.shape[0],) + batch + (n, out.shape[-1])).movedim(0, -3)
+        return out.to(X.dtype)
+
+    def posterior(self, X, output_indices=None, observation_noise=False, posterior_transform=None, **kwargs):
+        """BoTorch's posterior at ``X`` (``batch x q x d``): an ``EnsemblePosterior`` over the
+        members, ``batch x S x q x m``; ``observation_noise=True`` adds each member's noise."""
+        self.eval()
+        X = self.transform_inputs(X)
+        values = self.forward(X)
+        if isinstance(observation_noise, torch.Tensor):
+            raise UnsupportedError("observation_noise as a tensor of variances is not supported: pass True for the model's own noise")
+        if observation_noise:
+            values = values + self._noise(values)
+        if hasattr(self, "outcome_transform"):
+            values, _ = self.outcome_transform.untransform(values, X=X)
+        if output_indices is not None:
+            values = values[..., output_indices]
+        posterior = EnsemblePosterior(values=values, weights=self.ensemble_weights)
+        return posterior if posterior_transform is None else posterior_transform(posterior=posterior, X=X)
+
+    def _noise(self, values):
+        """Each member's observation noise, drawn under the surrogate's seed: ``sigma_s * eps``."""
+        likelihood = self.model.likelihood
+        generator = torch.Generator().manual_seed(self.seed)
+        eps = torch.randn(values.shape, generator=generator, dtype=values.dtype).to(values.device)
+        if isinstance(likelihood, HeteroscedasticGaussianLikelihood):
+            raise UnsupportedError("observation_noise=True with a heteroscedastic likelihood is not supported")
+        latents = list(likelihood.latent_sites())
+        if latents:
+            scale = self.draws()[latents[0]].reshape(-1, 1, 1).to(values)
+        else:
+            scale = likelihood.scale().detach().reshape(1, 1, 1).to(values)
+        return scale * eps
+
+
+def _linearized_members(result, draws, x):
+    """The linearized network :math:`f(x, \\hat w) + J(x)(w_s - \\hat w)` at each member's
+    weights, differentiable in ``x`` (forward-mode products, never the Jacobian itself)."""
+    net = result.map_net
+    params = {n: p.detach() for n, p in net.named_parameters()}
+    primals = {n: result.map_values[n] for n in result.covered_names}
+    tangents = {n: draws[n] - result.map_values[n] for n in result.covered_names}
+
+    def f(values):
+        return torch.func.functional_call(net, {**params, **values}, (x,))
+
+    def linear(t):
+        out, change = torch.func.jvp(f, (primals,), (t,))
+        return out + change
+
+    return torch.func.vmap(linear)(tangents)
+
+
+class LaplaceSurrogate(_Refitting, Model):
+    """The Laplace approximation's linearized predictive as BoTorch's ``GPyTorchPosterior``, with
+    the joint covariance over each batch's points (the module docstring gives the math). Needs the
+    fitted laplace-torch object: a result fitted in this session, not a reloaded one."""
+
+    def __init__(self, result: LaplacePosterior, train_X, train_Y, *, input_transform=None, outcome_transform=None,
+                 _record: SurrogateFit = None):
+        if not isinstance(result, LaplacePosterior):
+            raise TypeError(f"result must be a LaplacePosterior, got {type(result).__name__}")
+        if result.approximation is None:
+            raise ValueError("this Laplace result was loaded from a file and has no curvature: use "
+                             "PosteriorSurrogate(result, ..., linearized=True) (its draws), or refit")
+        super().__init__()
+        _check_regression(result.model)
+        train_X, train_Y = _check_xy(train_X, train_Y)
+        self.result = result
+        self.fit_record = _record or SurrogateFit(
+            "laplace", result.model, {}, result.num_draws, 0, 1.0, "joint", train_X, train_Y, input_transform, outcome_transform,
+        )
+        if input_transform is not None:
+            self.input_transform = input_transform
+        if outcome_transform is not None:
+            self.outcome_transform = outcome_transform.eval()
+
+    def _mean_and_jacobians(self, x):
+        """``f(x, w_MAP)`` ``(n, m)`` and the Jacobians ``(n, m, P)`` in the covered weights, in
+        laplace-torch's order of the parameter vector; both differentiable in ``x``."""
+        result = self.result
+        net = result.map_net
+        params = {n: p.detach() for n, p in net.named_parameters()}
+        primals = {n: result.map_values[n] for n in result.covered_names}
+
+        def f(values, point):
+            return torch.func.functional_call(net, {**params, **values}, (point.unsqueeze(0),)).squeeze(0)
+
+        jac = torch.func.vmap(torch.func.jacrev(f), in_dims=(None, 0))(primals, x)
+        n = x.shape[0]
+        mean = torch.func.functional_call(net, {**params, **primals}, (x,))
+        m = mean.shape[-1]
+        Js = torch.cat([jac[name].reshape(n, m, -1) for name in result.covered_names], -1)
+        return mean, Js
+
+    def posterior(self, X, output_indices=None, observation_noise=False, posterior_transform=None, **kwargs):
+        """A Gaussian over the ``q`` points of each batch of ``X`` (``batch x q x d``), the
+        covariance computed for a chunk of batches at a time (:data:`JACOBIAN_CHUNK_BYTES`)."""
+        self.eval()
+        X = self.transform_inputs(X)
+        model = self.result.model
+        batch, (q, d) = X.shape[:-2], X.shape[-2:]
+        flat = X.reshape(-1, q, d).to(model.dtype)
+        b = flat.shape[0]
+        weights = sum(self.result.map_values[n].numel() for n in self.result.covered_names)
+        m = self.num_outputs
+        per_batch = q * m * weights * flat.element_size()
+        chunk = max(1, JACOBIAN_CHUNK_BYTES // max(per_batch, 1))
+        la = self.result.approximation
+        means, covs = [], []
+        with _eval(model.net), _eval(self.result.map_net):
+            for i in range(0, b, chunk):
+                part = flat[i : i + chunk]
+                c = part.shape[0]
+                mean, Js = self._mean_and_jacobians(part.reshape(-1, d))
+                mean = _locations(model, mean)
+                Js = Js[:, :m]
+                Js = Js.reshape(c, q, m, -1)
+                cov = torch.stack([la.functional_covariance(Js[j]) for j in range(c)])
+                means.append(mean.reshape(c, q, m))
+                covs.append(cov)
+        mean = torch.cat(means).to(X.dtype)
+        cov = torch.cat(covs).to(X.dtype)
+        if isinstance(observation_noise, torch.Tensor):
+            raise UnsupportedError("observation_noise as a tensor of variances is not supported: pass True for the model's own noise")
+        if observation_noise:
+            cov = cov + self._noise_variance().to(cov) * torch.eye(q * m, dtype=cov.dtype, device=cov.device)
+        cov = cov + 1e-10 * torch.eye(q * m, dtype=cov.dtype, device=cov.device)  # rounding: a PSD Cholesky
+        mean = mean.reshape(batch + (q, m))
+        cov = cov.reshape(batch + (q * m, q * m))
+        if m == 1:
+            dist = MultivariateNormal(mean.squeeze(-1), covariance_matrix=cov)
+        else:
+            dist = MultitaskMultivariateNormal(mean, covariance_matrix=cov)
+        posterior = GPyTorchPosterior(dist)
+        if hasattr(self, "outcome_transform"):
+            posterior = self.outcome_transform.untransform_posterior(posterior, X=X)
+        if output_indices is not None:
+            raise UnsupportedError("output_indices: a Laplace surrogate's posterior covers all outcomes jointly")
+        return posterior if posterior_transform is None else posterior_transform(posterior)
+
+    def _noise_variance(self):
+        result = self.result
+        if result.latent_names:
+            return result.map_values[result.latent_names[0]].detach() ** 2
+        return result.model.likelihood.scale().detach() ** 2
+
+
+class _eval:
+    def __init__(self, module):
+        self.module = module
+
+    def __enter__(self):
+        self.was = self.module.training
+        self.module.eval()
+
+    def __exit__(self, *exc):
+        self.module.train(self.was)
+
+
+# -- fitting --------------------------------------------------------------------------------------
+def fit_surrogate(
+    train_X,
+    train_Y,
+    method: str = "laplace",
+    *,
+    model=None,
+    options: Optional[dict] = None,
+    num_samples: int = 64,
+    seed: int = 0,
+    input_transform=None,
+    outcome_transform="standardize",
+    warm_fraction: float = 0.25,
+    laplace_form: str = "joint",
+):
+    """Fit a BNN surrogate to ``(train_X, train_Y)`` with ``method`` and return it as a BoTorch model.
+
+    :param train_X: ``(n, d)`` inputs (e.g. in the unit cube).
+    :param train_Y: ``(n, m)`` outcomes (or ``(n,)``).
+    :param method: a registered method's key (:mod:`pyrobnn.methods`): ``"nuts"``, ``"mclmc"``,
+        ``"deep_ensemble"``, ``"laplace"``, ``"ivon"``, ``"swag"``, ``"sgld"``, a guide's...
+    :param model: a :class:`~pyrobnn.models.BayesianModel`, or ``model(d, m) -> BayesianModel``;
+        default :func:`default_model`. Its dtype is the surrogate's working precision.
+    :param options: the method's options, merged over :data:`BO_OPTIONS`.
+    :param num_samples: ensemble members (weight draws) of a :class:`PosteriorSurrogate`.
+    :param seed: seeds the fit and the choice of members.
+    :param input_transform: a BoTorch input transform (e.g. ``Normalize(d)``), applied as in
+        BoTorch's models.
+    :param outcome_transform: a BoTorch outcome transform, ``"standardize"`` (``Standardize(m)``,
+        the default, as BoTorch's GPs) or ``None``.
+    :param warm_fraction: the fraction of the cold fit's tuning or training budget a warm refit
+        (``condition_on_observations``, :meth:`PosteriorSurrogate.refit`) spends.
+    :param laplace_form: for ``method="laplace"``: ``"joint"`` (a :class:`LaplaceSurrogate`,
+        Gaussian with the joint covariance) or ``"samples"`` (a :class:`PosteriorSurrogate` over
+        the linearized predictive at the result's draws).
+    """
+    if method not in methods.METHODS:
+        raise ValueError(f"method must be one of {list(methods.METHODS)}, got {method!r}")
+    if laplace_form not in ("joint", "samples"):
+        raise ValueError(f"laplace_form must be 'joint' or 'samples', got {laplace_form!r}")
+    if not 0.0 < float(warm_fraction) <= 1.0:
+        raise ValueError(f"warm_fraction must be in (0, 1], got {warm_fraction!r}")
+    train_X, train_Y = _check_xy(train_X, train_Y)
+    d, m = train_X.shape[-1], train_Y.shape[-1]
+    if model is None:
+        model = default_model(d, m, dtype=train_X.dtype if train_X.dtype.is_floating_point else torch.float64)
+    elif not isinstance(model, BayesianModel):
+        if not callable(model):
+            raise TypeError(f"model must be a BayesianModel or a callable (d, m) -> BayesianModel, got {type(model).__name__}")
+        model = model(d, m)
+        if not isinstance(model, BayesianModel):
+            raise TypeError(f"model(d, m) must return a BayesianModel, got {type(model).__name__}")
+    _check_regression(model)
+    if isinstance(outcome_transform, str):
+        if outcome_transform != "standardize":
+            raise ValueError(f"outcome_transform must be a BoTorch OutcomeTransform, 'standardize' or None, got {outcome_transform!r}")
+        outcome_transform = Standardize(m=m)
+    merged = {**BO_OPTIONS.get(method, {}), **(options or {})}
+    merged.setdefault("progress", False) if "progress" in _parameters(method) else None
+    record = SurrogateFit(method, model, merged, num_samples, seed, float(warm_fraction), laplace_form, train_X, train_Y,
+                          input_transform, outcome_transform)
+    return _fit(record, train_X, train_Y, previous=None)
+
+
+def _parameters(method) -> tuple:
+    import inspect
+
+    return tuple(inspect.signature(methods.spec(method).run).parameters)
+
+
+def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
+    """Fit ``record``'s method to ``(train_X, train_Y)`` (original units), from ``previous``'s
+    posterior when given, and wrap the result."""
+    model = record.model
+    input_transform = copy.deepcopy(record.input_transform)
+    outcome_transform = copy.deepcopy(record.outcome_transform)
+    with torch.no_grad():
+        x = train_X
+        if input_transform is not None:
+            input_transform.train()
+            x = input_transform.preprocess_transform(train_X)
+            input_transform.eval()
+        y = train_Y
+        if outcome_transform is not None:
+            outcome_transform.train()
+            y, _ = outcome_transform(train_Y)
+            outcome_transform.eval()
+    x, y = x.to(model.dtype), y.to(model.dtype)
+    y_fit = y.reshape(-1) if y.shape[-1] == 1 and _one_output(model, x) else y
+    options = dict(record.options)
+    options.setdefault("seed", record.seed)
+    start = time.perf_counter()
+    warm = previous is not None and record.method in WARM_STARTS
+    if warm:
+        options = WARM_STARTS[record.method](model, previous, x, y_fit, options, record.warm_fraction, record.seed)
+        for name, least in methods.spec(record.method).budgets.items():  # a scaled budget stays one the method takes
+            if isinstance(options.get(name), int) and not isinstance(options[name], bool):
+                options[name] = max(least, options[name])
+    result = methods.spec(record.method).run(model, x, y_fit, **options)
+    seconds = time.perf_counter() - start
+    new = dataclasses.replace(record, train_X=train_X, train_Y=train_Y, seconds=seconds, warm=warm,
+                              input_transform=record.input_transform, outcome_transform=record.outcome_transform)
+    if record.method == "laplace" and record.laplace_form == "joint":
+        return LaplaceSurrogate(result, train_X, train_Y, input_transform=input_transform, outcome_transform=outcome_transform, _record=new)
+    return PosteriorSurrogate(result, train_X, train_Y, num_samples=record.num_samples, seed=record.seed,
+                              input_transform=input_transform, outcome_transform=outcome_transform,
+                              linearized=record.method == "laplace", _record=new)
+
+
+def _one_output(model, x) -> bool:
+    with torch.no_grad(), _eval(model.net):
+        return model.net(x[:1]).shape[-1] == 1
+

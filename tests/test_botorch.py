@@ -1,0 +1,224 @@
+"""The BoTorch surrogates' contract (pyrobnn.integrations.botorch): shapes for (n, d) and
+(b, q, d) inputs, rsample with a sample shape, repeatable acquisition values, finite non-zero
+gradients in X, equal joint draws at repeated points, optimize_acqf with q=2, warm refits; and
+the numbers behind them: the members' mean is the network at the draws, the Laplace covariance is
+laplace-torch's joint GLM covariance, the outcome transform maps back to the original units."""
+
+import math
+
+import pytest
+import torch
+
+botorch = pytest.importorskip("botorch", reason="the BoTorch surrogates need the bo extra: pip install 'pyrobnn[bo]'")
+
+from botorch.acquisition.logei import qLogNoisyExpectedImprovement  # noqa: E402
+from botorch.models.transforms.input import Normalize  # noqa: E402
+from botorch.optim import optimize_acqf  # noqa: E402
+
+import pyrobnn  # noqa: E402
+from pyrobnn.infer.results.predictive import network_outputs  # noqa: E402
+from pyrobnn.infer.results.protocol import evenly_spaced  # noqa: E402
+from pyrobnn.integrations.botorch import (  # noqa: E402
+    LaplaceSurrogate,
+    PosteriorSurrogate,
+    default_model,
+    fit_surrogate,
+)
+
+D = 2
+QUICK = {
+    "nuts": dict(num_samples=6, num_warmup=20, num_chains=2, max_tree_depth=4),
+    "mclmc": dict(num_samples=6, num_warmup=(40, 10, 10), num_chains=2, thinning=2),
+    "deep_ensemble": dict(num_members=3, max_epochs=40),
+    "laplace": dict(tune_steps=10, map_options=dict(max_epochs=40, lr=1e-2, batch_size=None, patience=1000)),
+    "swag": dict(num_epochs=4, batch_size=8, map_options=dict(max_epochs=40, lr=1e-2, batch_size=None, patience=1000)),
+    "ivon": dict(epochs=20),
+    "sgld": dict(num_steps=40, thinning=4, num_chains=2),
+    "meanfield": dict(epochs=20),
+}
+KINDS = list(QUICK) + ["laplace_samples"]
+
+
+def data(n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, D, generator=g, dtype=torch.float64)
+    Y = (torch.sin(6 * X[:, :1]) + X[:, 1:] ** 2) * 10 + 3
+    return X, Y
+
+
+def fit(kind, seed=0, **kwargs):
+    X, Y = data()
+    method = "laplace" if kind == "laplace_samples" else kind
+    form = "samples" if kind == "laplace_samples" else "joint"
+    return fit_surrogate(X, Y, method, options=QUICK[method], num_samples=8, seed=seed, laplace_form=form, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def surrogates():
+    return {kind: fit(kind) for kind in KINDS}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shapes(surrogates, kind):
+    s = surrogates[kind]
+    assert s.num_outputs == 1 and s.batch_shape == torch.Size([])
+    post = s.posterior(torch.rand(5, D, dtype=torch.float64))
+    assert post.mean.shape == (5, 1) and post.variance.shape == (5, 1)
+    post = s.posterior(torch.rand(4, 3, D, dtype=torch.float64))
+    assert post.mean.shape == (4, 3, 1)
+    draws = post.rsample(torch.Size([7]))
+    assert draws.shape == (7, 4, 3, 1)
+    assert torch.isfinite(draws).all()
+    assert bool((post.variance > 0).all())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_joint_draws_equal_at_repeated_points(surrogates, kind):
+    s = surrogates[kind]
+    x = torch.rand(1, D, dtype=torch.float64).expand(3, D)
+    draws = s.posterior(x.unsqueeze(0)).rsample(torch.Size([16]))
+    spread = draws.std()
+    gap = (draws[..., :1, :] - draws[..., 1:, :]).abs().max()
+    if isinstance(s, LaplaceSurrogate):
+        # a Gaussian's Cholesky at a singular covariance adds jitter: equal up to it
+        assert gap <= 1e-2 * spread
+    elif s.linearized:
+        assert gap <= 1e-12 * spread  # forward-mode products, vmapped: equal up to rounding
+    else:
+        assert gap == 0  # one member is one function
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_acquisition_repeatable_with_gradients_and_optimizable(surrogates, kind):
+    s = surrogates[kind]
+    X, _ = data()
+    cand = torch.rand(3, 2, D, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(0)  # the acquisition's sampler draws its seed from torch's generator at first use
+    acq = qLogNoisyExpectedImprovement(s, X_baseline=X)
+    value = acq(cand)
+    value.sum().backward()
+    assert torch.isfinite(value).all()
+    assert torch.isfinite(cand.grad).all() and cand.grad.abs().sum() > 0
+    # repeatable to rounding (with and without a graph, torch may order a sum differently)
+    torch.testing.assert_close(acq(cand.detach()), value.detach(), rtol=1e-12, atol=1e-12)
+    torch.manual_seed(0)
+    again = qLogNoisyExpectedImprovement(s, X_baseline=X)(cand.detach())
+    torch.testing.assert_close(again, value.detach(), rtol=1e-12, atol=1e-12)
+    bounds = torch.stack([torch.zeros(D), torch.ones(D)]).to(torch.float64)
+    best, _ = optimize_acqf(acq, bounds=bounds, q=2, num_restarts=2, raw_samples=16)
+    assert best.shape == (2, D) and bool(((best >= 0) & (best <= 1)).all())
+
+
+def test_members_are_chosen_by_seed():
+    a, b, c = fit("deep_ensemble", seed=3), fit("deep_ensemble", seed=3), fit("nuts", seed=4)
+    x = torch.rand(4, D, dtype=torch.float64)
+    assert torch.equal(a.posterior(x).mean, b.posterior(x).mean)
+    assert not torch.equal(c.posterior(x).mean, fit("nuts", seed=5).posterior(x).mean)
+
+
+def test_members_are_the_network_at_the_draws_in_original_units(surrogates):
+    s = surrogates["nuts"]
+    x = torch.rand(6, D, dtype=torch.float64)
+    draws = s.draws()
+    f = network_outputs(s.model, draws, x)  # (S, n, 1), standardized units
+    tf = s.outcome_transform
+    expected = f * tf.stdvs + tf.means
+    values = s.posterior(x).values  # (S, n, 1)
+    torch.testing.assert_close(values, expected, rtol=1e-10, atol=1e-10)
+    _, Y = data()
+    torch.testing.assert_close(tf.means.reshape(()), Y.mean(), rtol=1e-12, atol=0)
+
+
+def test_observation_noise_is_each_members_noise_scale(surrogates):
+    s = surrogates["nuts"]
+    x = torch.rand(400, D, dtype=torch.float64)
+    clean = s.posterior(x).values
+    noisy = s.posterior(x, observation_noise=True).values
+    sigma = s.draws()["noise_scale"].reshape(-1, 1, 1) * s.outcome_transform.stdvs
+    z = (noisy - clean) / sigma  # standard normal per member and point
+    assert abs(float(z.mean())) < 4 / math.sqrt(z.numel())
+    assert abs(float(z.var()) - 1) < 4 * math.sqrt(2 / z.numel())
+    assert torch.equal(noisy, s.posterior(x, observation_noise=True).values)  # drawn under the seed
+
+
+def test_laplace_covariance_is_laplace_torchs_joint_glm_covariance(surrogates):
+    s = surrogates["laplace"]
+    x = torch.rand(2, 5, D, dtype=torch.float64)
+    post = s.posterior(x)
+    la = s.result.approximation
+    std = float(s.outcome_transform.stdvs)
+    for b in range(2):
+        with torch.no_grad():
+            mean, cov = la(x[b], pred_type="glm", joint=True)
+        torch.testing.assert_close(post.mean[b, :, 0], mean.reshape(-1) * std + s.outcome_transform.means.reshape(()), rtol=1e-8, atol=1e-8)
+        torch.testing.assert_close(post.distribution.covariance_matrix[b], cov * std**2, rtol=1e-6, atol=1e-8 * std**2)
+
+
+def test_laplace_samples_form_is_the_linearized_predictive(surrogates):
+    s = surrogates["laplace_samples"]
+    x = torch.rand(5, D, dtype=torch.float64)
+    members = evenly_spaced(s.result.num_draws, s.num_members)  # as the result's as_draws chooses them
+    pred = s.result.linearized_predict(x.to(s.model.dtype), draws=members)
+    tf = s.outcome_transform
+    torch.testing.assert_close(s.posterior(x).values[..., 0], pred.loc_samples[:, :, 0] * tf.stdvs + tf.means.reshape(()), rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["nuts", "deep_ensemble", "laplace", "swag"])
+def test_condition_on_observations_refits_warm(surrogates, kind):
+    s = surrogates[kind]
+    new_X = torch.rand(2, D, dtype=torch.float64)
+    new_Y = torch.ones(2, 1, dtype=torch.float64)
+    t = s.condition_on_observations(new_X, new_Y)
+    assert t.warm and not s.warm
+    assert t.fit_record.train_X.shape == (14, D)
+    assert torch.equal(t.fit_record.train_X[-2:], new_X)
+    settings = t.result.settings
+    if kind in ("nuts", "deep_ensemble"):
+        assert settings["init"].startswith(type(s.result).__name__)
+    if kind == "nuts":
+        assert settings["num_warmup"] == round(QUICK["nuts"]["num_warmup"] * 0.25)
+    if kind == "laplace":
+        torch.testing.assert_close(torch.as_tensor(settings["prior_precision"]), s.result.prior_precision)
+
+
+def test_input_transform_applies_as_in_botorch():
+    X, Y = data()
+    lo, hi = torch.tensor([-5.0, 0.0], dtype=torch.float64), torch.tensor([10.0, 15.0], dtype=torch.float64)
+    raw = lo + X * (hi - lo)
+    s = fit_surrogate(raw, Y, "deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4,
+                      input_transform=Normalize(D, bounds=torch.stack([lo, hi])))
+    plain = fit_surrogate(X, Y, "deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4)
+    x = torch.rand(3, D, dtype=torch.float64)
+    torch.testing.assert_close(s.posterior(lo + x * (hi - lo)).mean, plain.posterior(x).mean, rtol=1e-6, atol=1e-6)
+
+
+def test_draws_are_buffers_that_reload(surrogates):
+    s = surrogates["deep_ensemble"]
+    state = s.state_dict()
+    assert any(k.startswith("draw_") for k in state)
+    other = fit("deep_ensemble", seed=9)
+    other.load_state_dict(state)
+    x = torch.rand(4, D, dtype=torch.float64)
+    torch.testing.assert_close(other.posterior(x).mean, s.posterior(x).mean)
+
+
+def test_bad_input_is_refused_by_name():
+    X, Y = data()
+    with pytest.raises(ValueError, match="method must be one of"):
+        fit_surrogate(X, Y, "gp")
+    with pytest.raises(ValueError, match="train_Y must be"):
+        fit_surrogate(X, Y[:5], "deep_ensemble")
+    with pytest.raises(ValueError, match="Gaussian likelihood"):
+        net = pyrobnn.MLP(D, 2, hidden=(4,)).double()
+        fit_surrogate(X, Y, "deep_ensemble", model=pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood()))
+    with pytest.raises(ValueError, match="laplace_form"):
+        fit_surrogate(X, Y, "laplace", laplace_form="exact")
+    with pytest.raises(TypeError, match="pyrobnn Result"):
+        PosteriorSurrogate(object(), X, Y)
+
+
+def test_default_model_is_a_tanh_mlp_with_a_noise_prior():
+    model = default_model(3, 1)
+    assert [s.name for s in model.sites][:2] == ["layers.0.weight", "layers.0.bias"] or len(model.sites) == 6
+    assert "noise_scale" in model.likelihood.latent_sites()
+    assert model.dtype == torch.float64
