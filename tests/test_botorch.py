@@ -18,12 +18,7 @@ from botorch.optim import optimize_acqf  # noqa: E402
 import pyrobnn  # noqa: E402
 from pyrobnn.infer.results.predictive import network_outputs  # noqa: E402
 from pyrobnn.infer.results.protocol import evenly_spaced  # noqa: E402
-from pyrobnn.integrations.botorch import (  # noqa: E402
-    LaplaceSurrogate,
-    PosteriorSurrogate,
-    default_model,
-    fit_surrogate,
-)
+from pyrobnn.integrations.botorch import BNNSurrogate, LaplaceSurrogate, PosteriorSurrogate, default_model, fit_surrogate  # noqa: E402
 
 D = 2
 QUICK = {
@@ -92,7 +87,7 @@ def test_joint_draws_equal_at_repeated_points(surrogates, kind):
 def test_acquisition_repeatable_with_gradients_and_optimizable(surrogates, kind):
     s = surrogates[kind]
     X, _ = data()
-    cand = torch.rand(3, 2, D, dtype=torch.float64, requires_grad=True)
+    cand = torch.rand(3, 2, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
     torch.manual_seed(0)  # the acquisition's sampler draws its seed from torch's generator at first use
     acq = qLogNoisyExpectedImprovement(s, X_baseline=X)
     value = acq(cand)
@@ -222,3 +217,29 @@ def test_default_model_is_a_tanh_mlp_with_a_noise_prior():
     assert [s.name for s in model.sites][:2] == ["layers.0.weight", "layers.0.bias"] or len(model.sites) == 6
     assert "noise_scale" in model.likelihood.latent_sites()
     assert model.dtype == torch.float64
+
+
+@pytest.mark.parametrize("method", ["deep_ensemble", "laplace"])
+def test_an_unfitted_bnn_surrogate_reloads_a_fitted_ones_state(method):
+    """Ax's cross-validation: a new BNNSurrogate on the same data takes a fitted one's state
+    (members, and Laplace's linearization point) and predicts as it does, without fitting."""
+    X, Y = data()
+    options = QUICK[method]
+    fitted = BNNSurrogate(X, Y, method=method, options=options, num_samples=4).fit()
+    fresh = BNNSurrogate(X, Y, method=method, options=options, num_samples=4)
+    assert not fresh.fitted
+    with pytest.raises(RuntimeError, match="no members yet"):
+        fresh.posterior(X[:2])
+    fresh.load_state_dict(fitted.state_dict())
+    x = torch.rand(5, D, dtype=torch.float64)
+    torch.testing.assert_close(fresh.posterior(x).values, fitted.posterior(x).values, rtol=1e-12, atol=1e-12)
+    assert fresh.linearized == (method == "laplace")
+
+
+def test_a_scalarizing_posterior_transform_applies_member_by_member(surrogates):
+    from botorch.acquisition.objective import ScalarizedPosteriorTransform
+
+    s = surrogates["deep_ensemble"]
+    x = torch.rand(4, D, dtype=torch.float64)
+    transform = ScalarizedPosteriorTransform(weights=torch.tensor([-2.0], dtype=torch.float64), offset=1.0)
+    torch.testing.assert_close(s.posterior(x, posterior_transform=transform).values, 1.0 - 2.0 * s.posterior(x).values)

@@ -45,6 +45,7 @@ from typing import Optional
 import torch
 
 try:
+    from botorch.acquisition.objective import ScalarizedPosteriorTransform
     from botorch.exceptions.errors import UnsupportedError
     from botorch.models.ensemble import EnsembleModel
     from botorch.models.model import Model
@@ -66,7 +67,7 @@ from pyrobnn.models.likelihoods import GaussianLikelihood, HeteroscedasticGaussi
 from pyrobnn.models.priors import NormalPrior
 
 __all__ = [
-    "PosteriorSurrogate", "LaplaceSurrogate", "fit_surrogate", "default_model", "BO_OPTIONS", "WARM_STARTS",
+    "PosteriorSurrogate", "LaplaceSurrogate", "BNNSurrogate", "fit_surrogate", "site_order", "default_model", "BO_OPTIONS", "WARM_STARTS",
     "JACOBIAN_CHUNK_BYTES",
 ]
 
@@ -208,6 +209,12 @@ def _locations(model, outputs):
     return outputs
 
 
+def site_order(model) -> list:
+    """The latent sites of ``model`` in the order of its members' buffers: the weight sites,
+    then the likelihood's latent sites."""
+    return [s.name for s in model.sites] + list(model.likelihood.latent_sites())
+
+
 class _Refitting:
     """What both surrogates share: the fit record, the train data, refitting."""
 
@@ -306,16 +313,38 @@ class PosteriorSurrogate(_Refitting, EnsembleModel):
             self.input_transform = input_transform
         if outcome_transform is not None:
             self.outcome_transform = outcome_transform.eval()
-        draws = result.as_draws(num_samples, seed=seed)
-        flat = {k: v.reshape((-1,) + tuple(v.shape[2:])).detach() for k, v in draws.samples.items()}
-        self._site_names = list(flat)
-        for i, name in enumerate(self._site_names):
-            self.register_buffer(f"draw_{i}", flat[name])
+        self.seed = int(seed)
+        self._num_outputs = train_Y.shape[-1]
         self.linearized = bool(linearized)
         if self.linearized and not isinstance(result, LaplacePosterior):
             raise ValueError(f"linearized members need a Laplace result, got {type(result).__name__}")
-        self.seed = int(seed)
-        self._num_outputs = train_Y.shape[-1]
+        self._set_members(result, num_samples)
+
+    def _set_members(self, result, num_samples):
+        """The members: ``num_samples`` draws of ``result`` chosen under the seed, as buffers
+        ``draw_<i>`` in the order of :func:`site_order`."""
+        self.result = result
+        draws = result.as_draws(num_samples, seed=self.seed)
+        flat = {k: v.reshape((-1,) + tuple(v.shape[2:])).detach() for k, v in draws.samples.items()}
+        self._site_names = site_order(self.model)
+        for i, name in enumerate(self._site_names):
+            self.register_buffer(f"draw_{i}", flat[name])
+        if self.linearized:  # the MAP, around which Laplace's predictive is linear
+            for i, site in enumerate(self.model.sites):
+                self.register_buffer(f"linearization_{i}", result.map_values[site.name].detach().reshape(site.shape))
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load a state (``state_dict()`` of a surrogate of the same model): the members are
+        replaced whole, whatever their number (an unfitted :class:`BNNSurrogate` has none)."""
+        draws = {k: v for k, v in state_dict.items() if k.startswith(("draw_", "linearization_"))}
+        expected = [f"draw_{i}" for i in range(len(self._site_names))]
+        if self.linearized:
+            expected += [f"linearization_{i}" for i in range(len(self.model.sites))]
+        if strict and sorted(draws) != sorted(expected):
+            raise KeyError(f"the state holds the members {sorted(draws)}; this surrogate's model needs {expected}")
+        for k, v in draws.items():
+            self.register_buffer(k, v.detach().clone())
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     @property
     def num_members(self) -> int:
@@ -335,7 +364,8 @@ class PosteriorSurrogate(_Refitting, EnsembleModel):
         model.net.eval()
         try:
             if self.linearized:
-                out = _linearized_members(self.result, draws, x)
+                point = {site.name: getattr(self, f"linearization_{i}") for i, site in enumerate(model.sites)}
+                out = _linearized_members(model.net, point, draws, x)
             else:
                 weights = {s.name: draws[s.name] for s in model.sites}
                 out = call_with_weights(model.net, model.sites, weights, x)
@@ -359,6 +389,10 @@ class PosteriorSurrogate(_Refitting, EnsembleModel):
             values, _ = self.outcome_transform.untransform(values, X=X)
         if output_indices is not None:
             values = values[..., output_indices]
+        if isinstance(posterior_transform, ScalarizedPosteriorTransform):
+            # BoTorch scalarizes only Gaussian posteriors; members are scalarized member by member
+            values = (values @ posterior_transform.weights.to(values)).unsqueeze(-1) + posterior_transform.offset
+            posterior_transform = None
         posterior = EnsemblePosterior(values=values, weights=self.ensemble_weights)
         return posterior if posterior_transform is None else posterior_transform(posterior=posterior, X=X)
 
@@ -377,19 +411,19 @@ class PosteriorSurrogate(_Refitting, EnsembleModel):
         return scale * eps
 
 
-def _linearized_members(result, draws, x):
+def _linearized_members(net, point, draws, x):
     """The linearized network :math:`f(x, \\hat w) + J(x)(w_s - \\hat w)` at each member's
-    weights, differentiable in ``x`` (forward-mode products, never the Jacobian itself)."""
-    net = result.map_net
+    weights ``draws`` around ``point`` (``{site: value}``, every random site; a site outside the
+    approximation has :math:`w_s = \\hat w` there), differentiable in ``x``: forward-mode
+    products, never the Jacobian itself."""
     params = {n: p.detach() for n, p in net.named_parameters()}
-    primals = {n: result.map_values[n] for n in result.covered_names}
-    tangents = {n: draws[n] - result.map_values[n] for n in result.covered_names}
+    tangents = {n: draws[n] - point[n] for n in point}
 
     def f(values):
         return torch.func.functional_call(net, {**params, **values}, (x,))
 
     def linear(t):
-        out, change = torch.func.jvp(f, (primals,), (t,))
+        out, change = torch.func.jvp(f, (point,), (t,))
         return out + change
 
     return torch.func.vmap(linear)(tangents)
@@ -502,6 +536,68 @@ class _eval:
         self.module.train(self.was)
 
 
+class BNNSurrogate(PosteriorSurrogate):
+    """A surrogate built from data and fitted by :meth:`fit`, as BoTorch's own model classes are:
+    what Ax's modular BoTorch generator constructs (``construct_inputs`` gives ``train_X`` and
+    ``train_Y``; :mod:`pyrobnn.integrations.ax` registers :meth:`fit` as its fit function). The
+    members are buffers, so a state saved with ``state_dict`` reloads into a new, unfitted one
+    (Ax's cross-validation) and predicts without refitting. The keywords are those of
+    :func:`fit_surrogate`; Laplace runs in its ``"samples"`` form (an ensemble)."""
+
+    # the transforms are positional-or-keyword: Ax passes them only to a class whose positional
+    # arguments name them
+    def __init__(self, train_X, train_Y, train_Yvar=None, input_transform=None, outcome_transform="standardize", *,
+                 method: str = "deep_ensemble", model=None, options=None, num_samples: int = 32, seed: int = 0,
+                 warm_fraction: float = 0.25):
+        EnsembleModel.__init__(self)
+        record = _record(train_X, train_Y, method, model, options, num_samples, seed, input_transform, outcome_transform,
+                         warm_fraction, "samples")
+        self.fit_record = record
+        self.model = record.model
+        self.result = None
+        self.seed = int(seed)
+        self.linearized = method == "laplace"
+        self._num_outputs = record.train_Y.shape[-1]
+        self._site_names = site_order(self.model)
+        if record.input_transform is not None:
+            self.input_transform = record.input_transform
+        if record.outcome_transform is not None:
+            self.outcome_transform = record.outcome_transform
+            with torch.no_grad():  # fitted to the data now, so that a reloaded state predicts in its units
+                record.outcome_transform.train()
+                record.outcome_transform(record.train_Y)
+                record.outcome_transform.eval()
+
+    @classmethod
+    def construct_inputs(cls, training_data, **options) -> dict:
+        """BoTorch's inputs from a ``SupervisedDataset`` (``train_X``, ``train_Y``; a
+        ``train_Yvar`` is accepted and not used: the likelihood's noise is the model's) with the
+        surrogate's keywords passed through (Ax's ``model_options``)."""
+        return {**Model.construct_inputs.__func__(cls, training_data), **options}
+
+    @property
+    def fitted(self) -> bool:
+        return hasattr(self, "draw_0")
+
+    def fit(self, previous=None) -> "BNNSurrogate":
+        """Run the method on the training data (from ``previous``'s posterior, a result, when
+        given) and take its members; returns ``self``."""
+        result, record, input_transform, outcome_transform = _fit_result(self.fit_record, self.fit_record.train_X,
+                                                                         self.fit_record.train_Y, previous)
+        self.fit_record = record
+        if input_transform is not None:
+            self.input_transform = input_transform
+        if outcome_transform is not None:
+            self.outcome_transform = outcome_transform
+        self._set_members(result, record.num_samples)
+        return self
+
+    def forward(self, X):
+        if not self.fitted:
+            raise RuntimeError("this BNNSurrogate has no members yet: call fit() or load_state_dict()")
+        return super().forward(X)
+
+
 # -- fitting --------------------------------------------------------------------------------------
 def fit_surrogate(
     train_X,
@@ -538,6 +634,14 @@ def fit_surrogate(
         Gaussian with the joint covariance) or ``"samples"`` (a :class:`PosteriorSurrogate` over
         the linearized predictive at the result's draws).
     """
+    record = _record(train_X, train_Y, method, model, options, num_samples, seed, input_transform, outcome_transform,
+                     warm_fraction, laplace_form)
+    return _fit(record, record.train_X, record.train_Y, previous=None)
+
+
+def _record(train_X, train_Y, method, model, options, num_samples, seed, input_transform, outcome_transform,
+            warm_fraction, laplace_form) -> SurrogateFit:
+    """Check a surrogate's arguments and gather them (the model built, the options merged)."""
     if method not in methods.METHODS:
         raise ValueError(f"method must be one of {list(methods.METHODS)}, got {method!r}")
     if laplace_form not in ("joint", "samples"):
@@ -560,10 +664,10 @@ def fit_surrogate(
             raise ValueError(f"outcome_transform must be a BoTorch OutcomeTransform, 'standardize' or None, got {outcome_transform!r}")
         outcome_transform = Standardize(m=m)
     merged = {**BO_OPTIONS.get(method, {}), **(options or {})}
-    merged.setdefault("progress", False) if "progress" in _parameters(method) else None
-    record = SurrogateFit(method, model, merged, num_samples, seed, float(warm_fraction), laplace_form, train_X, train_Y,
-                          input_transform, outcome_transform)
-    return _fit(record, train_X, train_Y, previous=None)
+    if "progress" in _parameters(method):
+        merged.setdefault("progress", False)
+    return SurrogateFit(method, model, merged, num_samples, seed, float(warm_fraction), laplace_form, train_X, train_Y,
+                        input_transform, outcome_transform)
 
 
 def _parameters(method) -> tuple:
@@ -572,9 +676,9 @@ def _parameters(method) -> tuple:
     return tuple(inspect.signature(methods.spec(method).run).parameters)
 
 
-def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
-    """Fit ``record``'s method to ``(train_X, train_Y)`` (original units), from ``previous``'s
-    posterior when given, and wrap the result."""
+def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
+    """Run ``record``'s method on ``(train_X, train_Y)`` (original units, transformed here), from
+    ``previous``'s posterior when given: the result, the new record and the fitted transforms."""
     model = record.model
     input_transform = copy.deepcopy(record.input_transform)
     outcome_transform = copy.deepcopy(record.outcome_transform)
@@ -604,6 +708,13 @@ def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
     seconds = time.perf_counter() - start
     new = dataclasses.replace(record, train_X=train_X, train_Y=train_Y, seconds=seconds, warm=warm,
                               input_transform=record.input_transform, outcome_transform=record.outcome_transform)
+    return result, new, input_transform, outcome_transform
+
+
+def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
+    """Fit ``record``'s method to ``(train_X, train_Y)`` (original units), from ``previous``'s
+    posterior when given, and wrap the result."""
+    result, new, input_transform, outcome_transform = _fit_result(record, train_X, train_Y, previous)
     if record.method == "laplace" and record.laplace_form == "joint":
         return LaplaceSurrogate(result, train_X, train_Y, input_transform=input_transform, outcome_transform=outcome_transform, _record=new)
     return PosteriorSurrogate(result, train_X, train_Y, num_samples=record.num_samples, seed=record.seed,
