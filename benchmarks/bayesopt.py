@@ -162,13 +162,26 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
     )
 
 
+#: each run's address space is capped (GiB), so that a surrogate asking for more memory fails
+#: with an error in its own process instead of the machine's OOM killer taking another
+#: (laplace-bayesopt's joint covariance over b x q points reached 20 GB at raw_samples=256)
+MEMORY_CAP_GB = 8
+
+
 def child(args):
     settings = json.loads(args.settings)
+    cap = int(MEMORY_CAP_GB * (1 << 30))
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     try:
         record = run_one(args.problem, args.method, args.seed, settings, args.budget, args.cold_refits)
-    except Exception as exc:  # reported in the table, not fatal to the benchmark
+    except MemoryError as exc:
         record = dict(problem=args.problem, method=args.method, seed=args.seed, cold_refits=args.cold_refits,
-                      error=f"{type(exc).__name__}: {exc}"[:300])
+                      error=f"out of memory under the {MEMORY_CAP_GB} GiB cap per run (MemoryError: {str(exc)[:120]})")
+    except Exception as exc:  # reported in the table, not fatal to the benchmark
+        text = f"{type(exc).__name__}: {exc}"
+        if "can't allocate memory" in text or "not enough memory" in text:
+            text = f"out of memory under the {MEMORY_CAP_GB} GiB cap per run ({text[:160]})"
+        record = dict(problem=args.problem, method=args.method, seed=args.seed, cold_refits=args.cold_refits, error=text[:300])
     print("RECORD " + json.dumps(record))
 
 
@@ -194,7 +207,10 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--cold-arm", action="store_true", help="also run pyrobnn's surrogates with cold refits on the first problem")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one process each")
-    parser.add_argument("--out", default=None, help="folder for results.json and the regret plots")
+    parser.add_argument("--raw-samples", type=int, default=None, help="optimize_acqf's raw_samples (default: the budget's)")
+    parser.add_argument("--out", default=None, help="folder for bayesopt_runs.json and the regret plots")
+    parser.add_argument("--results", default=None, help="a results file (docs/results.json) to record the median regrets in")
+    parser.add_argument("--from-runs", default=None, help="summarize the runs of an earlier --out (its bayesopt_runs.json) instead of running")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--problem", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
@@ -205,11 +221,18 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
+    if args.from_runs:
+        with open(args.from_runs) as fh:
+            saved = json.load(fh)
+        command = saved.get("command", "python benchmarks/bayesopt.py")
+        return finish(saved["records"], saved["settings"], saved.get("methods", METHODS), args, command, saved["budget"])
     budget = "quick" if args.quick else "full"
     settings = dict(QUICK if args.quick else FULL)
     for key in ("problems", "seeds", "steps"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
+    if args.raw_samples is not None:
+        settings["raw_samples"] = args.raw_samples
     pyrobnn_methods = [m for m in args.methods if m not in ("random", "gp", "laplace_bayesopt")]
     jobs = [(p, m, s, False) for p in settings["problems"] for m in args.methods for s in range(settings["seeds"])]
     if args.cold_arm:
@@ -240,14 +263,56 @@ def main(argv=None):
             else:
                 print(f"  {job[0]:10s} {job[1]:17s} seed {job[2]}{tag}: log10 regret {record['log10_regret'][-1]:+.2f}, "
                       f"fit {sum(record['fit_seconds']):.1f} s, acquisition {sum(record['acq_seconds']):.1f} s", flush=True)
-    summary = summarize(records, settings, args.methods)
     print(f"{time.perf_counter() - started:.0f} s in all")
+    command = "python benchmarks/bayesopt.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+    finish(records, settings, args.methods, args, command.strip(), budget)
+
+
+def finish(records, settings, methods, args, command, budget):
+    """The tables and the JSON line; with ``--out`` the runs and the plots, with ``--results``
+    the median regrets recorded in a results file."""
+    summary = summarize(records, settings, methods)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bayesopt_runs.json"), "w") as fh:
-            json.dump(dict(settings=settings, budget=budget, records=records), fh, indent=1)
+        path = os.path.join(args.out, "bayesopt_runs.json")
+        if not args.from_runs or os.path.abspath(args.from_runs) != os.path.abspath(path):
+            write_json(path, dict(settings=settings, budget=budget, methods=methods, command=command, records=records))
         plot(records, settings, args.out)
+    if args.results:
+        record_results(args.results, summary, settings, command)
     print(json.dumps(summary))
+
+
+def write_json(path, obj):
+    """``obj`` to ``path`` atomically (a temporary file beside it, then a rename)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def record_results(path, summary, settings, command):
+    """The median final regrets as ``docs/results.json`` entries (``name`` "Bayesian optimization,
+    <problem>", ``metric`` "median log10 simple regret, <method>"), replacing those of an earlier
+    run; no paper publishes these settings, so ``published`` is ``None``."""
+    entries = []
+    if os.path.exists(path):
+        with open(path) as fh:
+            entries = json.load(fh)
+    fresh = []
+    for problem, row in summary["regret"].items():
+        for method, value in row.items():
+            if value is None:
+                continue
+            spread = summary["regret_spread"][problem][method]
+            fresh.append(dict(
+                name=f"Bayesian optimization, {problem}", metric=f"median log10 simple regret, {method}", value=value,
+                published=None, command=command, seeds=settings["seeds"], range_over_seeds=spread,
+                evaluations=settings["n_init"] + settings["steps"] * settings["q"],
+            ))
+    keys = {(e["name"], e["metric"]) for e in fresh}
+    entries = [e for e in entries if (e["name"], e["metric"]) not in keys] + fresh
+    write_json(path, entries)
 
 
 def summarize(records, settings, methods):
@@ -300,9 +365,55 @@ def summarize(records, settings, methods):
                 print(f"  {p} {m:17s} warm {row['warm']:+.2f}  cold {row['cold']:+.2f} [{row['cold_spread'][0]:+.2f}, {row['cold_spread'][1]:+.2f}]")
     lb = [r for r in records if r["method"] == "laplace_bayesopt"]
     lb_errors = sorted({r["error"] for r in lb if r.get("error")})
+    checks = acceptance(regret, warm_refit_speedup, seconds, memory, methods)
+    print("\nchecks (issue 36's acceptance, as measured here)")
+    for line, ok in checks:
+        print(f"  [{'yes' if ok else ' no'}] {line}")
     return dict(regret=regret, regret_spread=spread, warm_refit_speedup=warm_refit_speedup, seconds_per_step=seconds,
                 peak_memory_mb=memory, cold_arm=cold_arm, laplace_bayesopt=lb_errors[0] if lb_errors else "ran",
-                settings=settings)
+                checks={line: ok for line, ok in checks}, settings=settings)
+
+
+#: a factor of two in simple regret, in log10
+TWICE = math.log10(2.0)
+
+
+def acceptance(regret, speedup, seconds, memory, methods):
+    """``(statement, holds)`` for each criterion, read from this run's medians."""
+    out = []
+    problems = list(regret)
+    ours = [m for m in methods if m not in ("random", "gp", "laplace_bayesopt")]
+    for m in ours:
+        rows = [(p, regret[p].get(m), regret[p].get("random")) for p in problems]
+        rows = [(p, a, b) for p, a, b in rows if a is not None and b is not None]
+        if not rows:
+            continue
+        beats = [p for p, a, b in rows if a < b]
+        worst = max(a - b for _, a, b in rows)
+        out.append((f"{m}: beats random search on {beats or 'no problem'}; at worst {10 ** worst:.2f}x its regret", bool(beats) and worst <= TWICE))
+    for p in problems:
+        if regret[p].get("gp") is not None and regret[p].get("random") is not None:
+            out.append((f"GP beats random search on {p}", regret[p]["gp"] < regret[p]["random"]))
+    big = [p for p in problems if p not in ("branin",)]
+    for p in big:
+        mine = {m: regret[p].get(m) for m in ours if regret[p].get(m) is not None}
+        if mine and regret[p].get("gp") is not None:
+            best = min(mine, key=mine.get)
+            out.append((f"{p}: best pyrobnn surrogate ({best}, {mine[best]:+.2f}) at most the GP's regret ({regret[p]['gp']:+.2f})",
+                        mine[best] <= regret[p]["gp"]))
+    for m, value in speedup.items():
+        if value is not None:
+            out.append((f"{m}: a warm refit {value:.1f}x faster than a cold fit (at least 3x)", value >= 3))
+    for p in problems:
+        a, b = regret[p].get("laplace"), regret[p].get("laplace_bayesopt")
+        if a is None or b is None:
+            continue
+        t_a = sum(seconds["laplace"][p].values())
+        t_b = sum(seconds["laplace_bayesopt"][p].values())
+        out.append((f"{p}: our Laplace {a:+.2f} against laplace-bayesopt {b:+.2f}; {t_a:.1f} s against {t_b:.1f} s per step; "
+                    f"{memory['laplace'][p]:.0f} MB against {memory['laplace_bayesopt'][p]:.0f} MB",
+                    a <= b and t_a < t_b and memory["laplace"][p] < memory["laplace_bayesopt"][p]))
+    return out
 
 
 def plot(records, settings, out):

@@ -67,7 +67,7 @@ autodoc_typehints = "description"
 # libraries have no inventory offline (no intersphinx without a network), so they are not checked.
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(argparse|torch|pyro|numpy|np|arviz|az|lightning|L|laplace|matplotlib|tqdm|typing|collections|pathlib|os|dataclasses|enum|abc)(\..*)?"),
+    (r"py:.*", r"(argparse|torch|pyro|numpy|np|arviz|az|lightning|L|laplace|matplotlib|tqdm|typing|collections|pathlib|os|dataclasses|enum|abc|botorch|gpytorch|ax)(\..*)?"),
     (r"py:class", r".*\._[A-Za-z]\w*"),  # private bases in show-inheritance
     (r"py:class", r"ExpandedDistribution"),  # torch's, named in our expand() docstrings
     (r"py:.*", r"(optional|callable|tensor|Tensor|Module|nn\.Module|Path|Figure|Axes|Distribution|InferenceData|dict|list|tuple|float|int|str|bool|None)"),

@@ -134,3 +134,27 @@ def test_user_networks_benchmark_quick(tmp_path, shared_data_dir):
             assert 0 < row[name] < float("inf"), (method, name, row[name])
     assert figures["methods"]["mclmc"]["path"] in ("native", "torch.compile", "eager")
     assert figures["auto_step"]["seconds"] > 0
+
+
+@pytest.mark.slow
+def test_bayesopt_benchmark_quick(tmp_path):
+    """benchmarks/bayesopt.py --quick (Branin and Hartmann-6, two seeds, small budgets): every
+    method runs on both problems (laplace-bayesopt's row, or the reason it could not run), the last
+    line is the JSON the docs read, a warm refit costs less than a cold fit on the same data (a
+    quarter of the tuning or training budget), and the regret plots are written."""
+    stdout = run([sys.executable, os.path.join(ROOT, "benchmarks", "bayesopt.py"), "--quick", "--out", "bo", "--results", "r.json"],
+                 tmp_path)
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    for key in ("regret", "warm_refit_speedup", "seconds_per_step", "peak_memory_mb", "laplace_bayesopt", "checks"):
+        assert key in summary, key
+    ours = ["nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"]
+    for problem in ("branin", "hartmann6"):
+        row = summary["regret"][problem]
+        for method in ["random", "gp"] + ours:
+            assert row[method] is not None and -12 <= row[method] < 3, (problem, method, row[method])
+        assert row["laplace_bayesopt"] is not None or summary["laplace_bayesopt"] != "ran"
+        assert (tmp_path / "bo" / f"bayesopt_{problem}.png").stat().st_size > 10_000
+    for method in ("nuts", "mclmc", "deep_ensemble", "laplace", "swag"):
+        assert summary["warm_refit_speedup"][method] > 1.5, (method, summary["warm_refit_speedup"][method])
+    entries = json.load(open(tmp_path / "r.json"))
+    assert {e["name"] for e in entries} == {"Bayesian optimization, branin", "Bayesian optimization, hartmann6"}

@@ -21,7 +21,7 @@ with any registered method (:mod:`pyrobnn.methods`) and returns a BoTorch ``Mode
   :math:`(b q)^2` as a covariance over all ``b x q`` points would; ``laplace_form="samples"``
   gives the linearized predictive at the result's weight draws as an ensemble instead.
 
-``condition_on_observations(X, Y)`` (and :meth:`PosteriorSurrogate.refit`) refits on the old
+``condition_on_observations(X, Y)`` (and ``surrogate.refit(X, Y)``) refits on the old
 and new data **warm-started** from the previous posterior (:data:`WARM_STARTS`: a sampler's last
 draws as starting positions, an ensemble's members, the MAP of Laplace and SWAG) with a stated
 fraction ``warm_fraction`` of the cold fit's tuning or training budget. The input and outcome
@@ -67,7 +67,7 @@ from pyrobnn.models.likelihoods import GaussianLikelihood, HeteroscedasticGaussi
 from pyrobnn.models.priors import NormalPrior
 
 __all__ = [
-    "PosteriorSurrogate", "LaplaceSurrogate", "BNNSurrogate", "fit_surrogate", "site_order", "default_model", "BO_OPTIONS", "WARM_STARTS",
+    "Surrogate", "PosteriorSurrogate", "LaplaceSurrogate", "BNNSurrogate", "fit_surrogate", "site_order", "default_model", "BO_OPTIONS", "WARM_STARTS",
     "JACOBIAN_CHUNK_BYTES",
 ]
 
@@ -215,8 +215,9 @@ def site_order(model) -> list:
     return [s.name for s in model.sites] + list(model.likelihood.latent_sites())
 
 
-class _Refitting:
-    """What both surrogates share: the fit record, the train data, refitting."""
+class Surrogate:
+    """What every pyrobnn BoTorch surrogate shares: its fit record (the method, options and
+    training data), refitting on more data, and BoTorch's conditioning as a warm refit."""
 
     fit_record: SurrogateFit
 
@@ -287,7 +288,7 @@ def _check_xy(X, Y, d=None, m=None):
     return X, Y
 
 
-class PosteriorSurrogate(_Refitting, EnsembleModel):
+class PosteriorSurrogate(Surrogate, EnsembleModel):
     """A pyrobnn result as BoTorch's ``EnsembleModel``: one member per weight draw (the module
     docstring says how). Build it with :func:`fit_surrogate`, or from a result directly:
     ``PosteriorSurrogate(result, train_X, train_Y)``, ``train_Y`` then in the units the model was
@@ -429,7 +430,7 @@ def _linearized_members(net, point, draws, x):
     return torch.func.vmap(linear)(tangents)
 
 
-class LaplaceSurrogate(_Refitting, Model):
+class LaplaceSurrogate(Surrogate, Model):
     """The Laplace approximation's linearized predictive as BoTorch's ``GPyTorchPosterior``, with
     the joint covariance over each batch's points (the module docstring gives the math). Needs the
     fitted laplace-torch object: a result fitted in this session, not a reloaded one."""
@@ -629,7 +630,7 @@ def fit_surrogate(
     :param outcome_transform: a BoTorch outcome transform, ``"standardize"`` (``Standardize(m)``,
         the default, as BoTorch's GPs) or ``None``.
     :param warm_fraction: the fraction of the cold fit's tuning or training budget a warm refit
-        (``condition_on_observations``, :meth:`PosteriorSurrogate.refit`) spends.
+        (``condition_on_observations``, ``refit``) spends.
     :param laplace_form: for ``method="laplace"``: ``"joint"`` (a :class:`LaplaceSurrogate`,
         Gaussian with the joint covariance) or ``"samples"`` (a :class:`PosteriorSurrogate` over
         the linearized predictive at the result's draws).
