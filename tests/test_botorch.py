@@ -158,7 +158,7 @@ def test_laplace_samples_form_is_the_linearized_predictive(surrogates):
     torch.testing.assert_close(s.posterior(x).values[..., 0], pred.loc_samples[:, :, 0] * tf.stdvs + tf.means.reshape(()), rtol=1e-8, atol=1e-8)
 
 
-@pytest.mark.parametrize("kind", ["nuts", "deep_ensemble", "laplace", "swag"])
+@pytest.mark.parametrize("kind", ["nuts", "deep_ensemble", "laplace", "swag", "ivon"])
 def test_condition_on_observations_refits_warm(surrogates, kind):
     s = surrogates[kind]
     new_X = torch.rand(2, D, dtype=torch.float64)
@@ -168,7 +168,7 @@ def test_condition_on_observations_refits_warm(surrogates, kind):
     assert t.fit_record.train_X.shape == (14, D)
     assert torch.equal(t.fit_record.train_X[-2:], new_X)
     settings = t.result.settings
-    if kind in ("nuts", "deep_ensemble"):
+    if kind in ("nuts", "deep_ensemble", "ivon"):
         assert settings["init"].startswith(type(s.result).__name__)
     if kind == "nuts":
         assert settings["num_warmup"] == round(QUICK["nuts"]["num_warmup"] * 0.25)

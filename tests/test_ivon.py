@@ -137,3 +137,31 @@ def test_default_beta2_follows_the_run_length():
     assert default_beta2(100) == 0.999
     assert default_beta2(10_000) == pytest.approx(0.9999)
     assert default_beta2(10**8) == 0.99999
+
+
+def test_a_warm_start_continues_from_the_previous_fit():
+    """``init``: the flat mean and standard deviations read back from a fit's guide are the ones
+    it was built from, and one step of 1e-12 from them leaves the means where they were and the
+    standard deviations where they were too (the Hessian averaged with weight 1 - 1e-9)."""
+    import pyrobnn
+    from pyrobnn.infer.core.potential import FlatPotential
+    from pyrobnn.infer.svi.ivon import _flat_guide, ivon
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2, generator=g, dtype=torch.float64)
+    y = x[:, :1] - 0.5 * x[:, 1:] + 0.1 * torch.randn(40, 1, generator=g, dtype=torch.float64)
+    import pyro.distributions as dist
+    net = pyrobnn.MLP(2, 1, hidden=(6,), activation="tanh").double()
+    model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=dist.LogNormal(torch.tensor(-2.0, dtype=torch.float64), 1.0)),
+                                  pyrobnn.NormalPrior(1.0))
+    first = ivon(model, x, y, epochs=30, batch_size=40, progress=False)
+    potential = FlatPotential(model, x, y)
+    m, s = _flat_guide(first.guide, potential)
+    again = ivon(model, x, y, epochs=1, batch_size=40, lr=1e-12, beta2=1 - 1e-9, hess_init=1e-8, progress=False, init=first)
+    m2, s2 = _flat_guide(again.guide, potential)
+    torch.testing.assert_close(m2, m, rtol=0, atol=1e-9)
+    torch.testing.assert_close(s2, s, rtol=1e-6, atol=0)
+    fresh_m, _ = _flat_guide(ivon(model, x, y, epochs=1, batch_size=40, lr=1e-12, progress=False).guide, potential)
+    assert (fresh_m - m).abs().max() > 1e-3  # the check can fail
+    with pytest.raises(TypeError, match="init must be"):
+        ivon(model, x, y, epochs=1, init=object())

@@ -145,6 +145,10 @@ def _warm_ensemble(model, previous, x, y, options, fraction, seed):
     return dict(options, init=previous, num_members=previous.num_chains, max_epochs=_scaled(options.get("max_epochs", 500), fraction))
 
 
+def _warm_ivon(model, previous, x, y, options, fraction, seed):
+    return dict(options, init=previous, epochs=_scaled(options.get("epochs", 100), fraction))
+
+
 def _warm_laplace(model, previous, x, y, options, fraction, seed):
     start = _one_member(model, previous.map_values)
     return dict(options, map_estimate=_map_start(model, start, x, y, options, fraction, seed),
@@ -162,8 +166,8 @@ def _warm_swag(model, previous, x, y, options, fraction, seed):
 
 #: how a refit starts from the previous posterior, per method: ``warm(model, previous, x, y,
 #: options, fraction, seed) -> options`` of the new fit, with ``fraction`` of the cold fit's
-#: tuning (samplers' warmup, SG-MCMC's burn-in) or training (an ensemble's and a MAP's epochs,
-#: SWAG's epochs) budget. A method not named here refits cold.
+#: tuning (samplers' warmup, SG-MCMC's burn-in) or training (an ensemble's, a MAP's, SWAG's and
+#: IVON's epochs) budget. A method not named here refits cold.
 WARM_STARTS = {
     "nuts": _warm_mcmc,
     "mclmc": _warm_mcmc,
@@ -171,6 +175,7 @@ WARM_STARTS = {
     "sghmc": _warm_sgmcmc,
     "smile": _warm_mcmc,
     "deep_ensemble": _warm_ensemble,
+    "ivon": _warm_ivon,
     "laplace": _warm_laplace,
     "swag": _warm_swag,
 }
