@@ -237,6 +237,7 @@ def main(argv=None):
     jobs = [(p, m, s, False) for p in settings["problems"] for m in args.methods for s in range(settings["seeds"])]
     if args.cold_arm:
         jobs += [(settings["problems"][0], m, s, True) for m in pyrobnn_methods for s in range(settings["seeds"])]
+    command = ("python benchmarks/bayesopt.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     print(f"Bayesian optimization: {len(jobs)} runs ({budget}: {json.dumps(settings)}), {args.jobs} at once", flush=True)
     started = time.perf_counter()
     records, running = [], []
@@ -257,6 +258,10 @@ def main(argv=None):
             record = json.loads(lines[-1][7:]) if lines else dict(problem=job[0], method=job[1], seed=job[2], cold_refits=job[3],
                                                                   error=f"the run's process exited {proc.returncode} without a record")
             records.append(record)
+            if args.out:  # after every run, so that an interrupted benchmark keeps what it measured
+                os.makedirs(args.out, exist_ok=True)
+                write_json(os.path.join(args.out, "bayesopt_runs.json"),
+                           dict(settings=settings, budget=budget, methods=args.methods, command=command, records=records))
             tag = " (cold refits)" if job[3] else ""
             if record.get("error"):
                 print(f"  {job[0]:10s} {job[1]:17s} seed {job[2]}{tag}: {record['error']}", flush=True)
@@ -264,8 +269,7 @@ def main(argv=None):
                 print(f"  {job[0]:10s} {job[1]:17s} seed {job[2]}{tag}: log10 regret {record['log10_regret'][-1]:+.2f}, "
                       f"fit {sum(record['fit_seconds']):.1f} s, acquisition {sum(record['acq_seconds']):.1f} s", flush=True)
     print(f"{time.perf_counter() - started:.0f} s in all")
-    command = "python benchmarks/bayesopt.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
-    finish(records, settings, args.methods, args, command.strip(), budget)
+    finish(records, settings, args.methods, args, command, budget)
 
 
 def finish(records, settings, methods, args, command, budget):
@@ -275,8 +279,7 @@ def finish(records, settings, methods, args, command, budget):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "bayesopt_runs.json")
-        if not args.from_runs or os.path.abspath(args.from_runs) != os.path.abspath(path):
-            write_json(path, dict(settings=settings, budget=budget, methods=methods, command=command, records=records))
+        write_json(path, dict(settings=settings, budget=budget, methods=methods, command=command, records=records))
         plot(records, settings, args.out)
     if args.results:
         record_results(args.results, summary, settings, command)
@@ -429,8 +432,8 @@ def plot(records, settings, out):
             runs = [r for r in ok if r["problem"] == p and r["method"] == m]
             curves = torch.tensor([r["log10_regret"] for r in runs])
             evals = runs[0]["evaluations"]
-            ax.plot(evals, curves.median(0).values, label=m, linestyle="--" if m in ("random", "gp", "laplace_bayesopt") else "-")
-            ax.fill_between(evals, curves.min(0).values, curves.max(0).values, alpha=0.12)
+            (line,) = ax.plot(evals, curves.median(0).values, label=m, linestyle="--" if m in ("random", "gp", "laplace_bayesopt") else "-")
+            ax.fill_between(evals, curves.min(0).values, curves.max(0).values, alpha=0.10, color=line.get_color())
         ax.set_xlabel("function evaluations")
         ax.set_ylabel("log10 simple regret")
         ax.set_title(f"{p}: median and range over {settings['seeds']} seeds")

@@ -136,8 +136,13 @@ def test_observation_noise_is_each_members_noise_scale(surrogates):
     assert torch.equal(noisy, s.posterior(x, observation_noise=True).values)  # drawn under the seed
 
 
-def test_laplace_covariance_is_laplace_torchs_joint_glm_covariance(surrogates):
-    s = surrogates["laplace"]
+@pytest.mark.parametrize("hessian", ["kron", "full", "diag"])
+def test_laplace_covariance_is_laplace_torchs_joint_glm_covariance(surrogates, hessian):
+    if hessian == "kron":
+        s = surrogates["laplace"]
+    else:
+        X, Y = data()
+        s = fit_surrogate(X, Y, "laplace", options=dict(QUICK["laplace"], hessian=hessian), num_samples=8)
     x = torch.rand(2, 5, D, dtype=torch.float64)
     post = s.posterior(x)
     la = s.result.approximation
