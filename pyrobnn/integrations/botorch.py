@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import time
 from typing import Optional
 
@@ -693,8 +694,6 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
 
 
 def _parameters(method) -> tuple:
-    import inspect
-
     return tuple(inspect.signature(methods.spec(method).run).parameters)
 
 
