@@ -45,7 +45,13 @@ from typing import Optional
 
 import torch
 
+import warnings
+
 try:
+    with warnings.catch_warnings():  # GPyTorch's modules call torch.jit.script at import, which torch deprecates
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=FutureWarning)
+        import botorch  # noqa: F401
+        import gpytorch  # noqa: F401
     from botorch.acquisition.objective import ScalarizedPosteriorTransform
     from botorch.exceptions.errors import UnsupportedError
     from botorch.models.ensemble import EnsembleModel
