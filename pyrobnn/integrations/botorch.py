@@ -65,7 +65,7 @@ except ImportError as error:  # pragma: no cover - the optional extra is missing
 
 from pyrobnn import methods
 from pyrobnn.infer.modes.ensemble import deep_ensemble
-from pyrobnn.infer.modes.laplace import LaplacePosterior
+from pyrobnn.infer.modes.laplace import LaplacePosterior, linearized_outputs
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.results.protocol import Result
 from pyrobnn.models import MLP, BayesianModel
@@ -286,8 +286,8 @@ class Surrogate:
 def _check_xy(X, Y, d=None, m=None):
     if not isinstance(X, torch.Tensor) or not isinstance(Y, torch.Tensor):
         raise TypeError(f"train_X and train_Y must be tensors, got {type(X).__name__} and {type(Y).__name__}")
-    if X.dim() != 2:
-        raise ValueError(f"train_X must be (n, d), got shape {tuple(X.shape)}")
+    if X.dim() != 2 or X.shape[0] == 0:
+        raise ValueError(f"train_X must be (n, d) with n >= 1, got shape {tuple(X.shape)}")
     if Y.dim() == 1:
         Y = Y.unsqueeze(-1)
     if Y.dim() != 2 or Y.shape[0] != X.shape[0]:
@@ -379,7 +379,7 @@ class PosteriorSurrogate(Surrogate, EnsembleModel):
         try:
             if self.linearized:
                 point = {site.name: getattr(self, f"linearization_{i}") for i, site in enumerate(model.sites)}
-                out = _linearized_members(model.net, point, draws, x)
+                out = linearized_outputs(model.net, point, {n: draws[n] - point[n] for n in point}, x)
             else:
                 weights = {s.name: draws[s.name] for s in model.sites}
                 out = call_with_weights(model.net, model.sites, weights, x)
@@ -423,24 +423,6 @@ class PosteriorSurrogate(Surrogate, EnsembleModel):
         else:
             scale = likelihood.scale().detach().reshape(1, 1, 1).to(values)
         return scale * eps
-
-
-def _linearized_members(net, point, draws, x):
-    """The linearized network :math:`f(x, \\hat w) + J(x)(w_s - \\hat w)` at each member's
-    weights ``draws`` around ``point`` (``{site: value}``, every random site; a site outside the
-    approximation has :math:`w_s = \\hat w` there), differentiable in ``x``: forward-mode
-    products, never the Jacobian itself."""
-    params = {n: p.detach() for n, p in net.named_parameters()}
-    tangents = {n: draws[n] - point[n] for n in point}
-
-    def f(values):
-        return torch.func.functional_call(net, {**params, **values}, (x,))
-
-    def linear(t):
-        out, change = torch.func.jvp(f, (point,), (t,))
-        return out + change
-
-    return torch.func.vmap(linear)(tangents)
 
 
 class LaplaceSurrogate(Surrogate, Model):

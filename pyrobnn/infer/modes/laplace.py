@@ -49,7 +49,7 @@ from pyrobnn.models.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from pyrobnn.utils import memory
 from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, validate_training_data
 
-__all__ = ["LaplacePosterior", "laplace", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]
+__all__ = ["LaplacePosterior", "laplace", "linearized_outputs", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]
 
 SUBSETS = ("all", "last_layer")
 HESSIANS = ("full", "diag", "kron")
@@ -158,7 +158,6 @@ class LaplacePosterior(Posterior):
             points = min(batch_size, x.shape[0])
             memory.check_fits(rows * points * per_point * memory.GRADIENT_FACTOR,
                               f"a linearized-predictive chunk of {points} points x {rows} draws", "batch_size")
-        params = {n: p.detach() for n, p in net.named_parameters()}
         # only the sites the approximation covers vary (the last layer's, with subset="last_layer")
         primals = {n: self.map_values[n] for n in self.covered_names}
         chosen = slice(None) if draws is None else draws
@@ -167,18 +166,26 @@ class LaplacePosterior(Posterior):
         # torch's forward-mode AD loads its JVP decompositions on first use through torch.jit.script
         with torch.no_grad(), jit_script_deprecation_quiet():
             for i in range(0, x.shape[0], batch_size):
-                xb = x[i : i + batch_size]
-
-                def f(values, xb=xb):
-                    return torch.func.functional_call(net, {**params, **values}, (xb,))
-
-                def linear(t):
-                    out, change = torch.func.jvp(f, (primals,), (t,))
-                    return out + change
-
-                outputs.append(torch.func.vmap(linear)(tangents))
+                outputs.append(linearized_outputs(net, primals, tangents, x[i : i + batch_size]))
         latents = {k: self.samples[k][0, chosen] for k in self.latent_names}
         return self.likelihood.summarize(torch.cat(outputs, 1), latents)
+
+
+def linearized_outputs(net, point: dict, tangents: dict, x) -> torch.Tensor:
+    """The linearized network :math:`f(x, \\hat w) + J(x)\\,t_s` for each row ``s`` of
+    ``tangents`` (``{parameter: (S, *shape)}``) around ``point`` (``{parameter: value}``; the
+    network's other parameters as they are), ``(S, N, ...)``: forward-mode products, all rows in
+    one vmapped pass, never the Jacobian itself; differentiable in ``x``."""
+    params = {n: p.detach() for n, p in net.named_parameters()}
+
+    def f(values):
+        return torch.func.functional_call(net, {**params, **values}, (x,))
+
+    def linear(t):
+        out, change = torch.func.jvp(f, (point,), (t,))
+        return out + change
+
+    return torch.func.vmap(linear)(tangents)
 
 
 class TwoClassLogits(torch.nn.Module):
