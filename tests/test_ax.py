@@ -20,6 +20,7 @@ def branin(x1, x2):
     return (x2 - 5.1 / (4 * math.pi**2) * x1**2 + 5 / math.pi * x1 - 6) ** 2 + 10 * (1 - 1 / (8 * math.pi)) * math.cos(x1) + 10
 
 
+@pytest.mark.slow  # Ax's imports and a Client run: tens of seconds on a loaded machine
 def test_a_client_runs_bo_with_a_bnn_surrogate_and_cross_validates():
     client = Client(random_seed=0)
     client.configure_experiment(parameters=[RangeParameterConfig(name="x1", parameter_type="float", bounds=(-5, 10)),

@@ -136,7 +136,7 @@ def test_observation_noise_is_each_members_noise_scale(surrogates):
     assert torch.equal(noisy, s.posterior(x, observation_noise=True).values)  # drawn under the seed
 
 
-@pytest.mark.parametrize("hessian", ["kron", "full", "diag"])
+@pytest.mark.parametrize("hessian", ["kron", pytest.param("full", marks=pytest.mark.slow), pytest.param("diag", marks=pytest.mark.slow)])
 def test_laplace_covariance_is_laplace_torchs_joint_glm_covariance(surrogates, hessian):
     if hessian == "kron":
         s = surrogates["laplace"]
