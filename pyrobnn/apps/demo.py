@@ -12,6 +12,7 @@ import torch
 import pyrobnn
 from pyrobnn.data import blundell_regression
 from pyrobnn.evaluation.plotting import plot_regression_1d, save_figure
+from pyrobnn.utils.io import atomic_write_text
 
 __all__ = ["run_demo", "format_table"]
 
@@ -80,8 +81,6 @@ def run_demo(out_dir: str, seed: int = 0, epochs: int = 3000, num_samples: int =
         ax.legend(fontsize=7, loc="upper left")
         save_figure(fig, os.path.join(out_dir, f"{slug}.png"))
     table = format_table(rows)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(rows, f, indent=2)
+    atomic_write_text(table + "\n", os.path.join(out_dir, "results.md"))
+    atomic_write_text(json.dumps(rows, indent=2), os.path.join(out_dir, "results.json"))
     return rows

@@ -3,10 +3,13 @@ a window on a desktop, and matplotlib's own fallback (Agg) on a machine without 
 
 from __future__ import annotations
 
+import io
 import os
 
 import matplotlib.pyplot as plt
 import torch
+
+from pyrobnn.utils.io import atomic_write_bytes
 
 __all__ = ["plot_regression_1d", "plot_reliability_diagram", "save_figure"]
 
@@ -34,17 +37,13 @@ def plot_regression_1d(ax, x_grid, prediction, x_train=None, y_train=None, x_tes
 
 
 def save_figure(fig, path) -> None:
-    """Save a figure atomically (temporary file, then rename) and close it."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+    """Save a figure atomically (:func:`pyrobnn.utils.io.atomic_write_bytes`) and close it."""
+    buffer = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format=os.path.splitext(path)[1][1:] or "png")
-        os.replace(tmp, path)
+        fig.savefig(buffer, dpi=120, bbox_inches="tight", format=os.path.splitext(os.fspath(path))[1][1:] or "png")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write_bytes(buffer.getvalue(), path)
 
 
 def plot_reliability_diagram(ax, probs, y, num_bins: int = 15, label=None):

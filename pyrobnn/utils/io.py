@@ -1,7 +1,9 @@
 """Saving and loading trained models and guides, safely.
 
 Files are written atomically (a temporary file in the same folder, flushed to disk, then
-renamed over the target), so an interrupted save never leaves a truncated file. Loading uses
+renamed over the target), so an interrupted save never leaves a truncated file. A write that
+fails (a full disk, a quota, a read-only folder) raises an ``OSError`` that names the file and
+says that the earlier file, if any, is unchanged; the temporary file is removed. Loading uses
 ``torch.load(weights_only=True)``: only tensors and plain containers are unpickled, and a file
 that carries any other object (which could execute code when unpickled) is refused.
 
@@ -13,7 +15,8 @@ weights into the wrong places.
 
 from __future__ import annotations
 
-import contextlib
+import errno
+import io
 import json
 import os
 import pickle
@@ -22,7 +25,7 @@ import time
 
 import torch
 
-__all__ = ["save", "load", "atomic_save", "atomic_write_text", "atomic_write_bytes", "record_results", "safe_load", "describe"]
+__all__ = ["save", "load", "atomic_save", "atomic_write_text", "atomic_write_bytes", "record_results", "safe_load", "describe", "WriteError"]
 
 FORMAT = "pyrobnn"
 VERSION = 1
@@ -66,46 +69,75 @@ def _umask() -> int:
     return mask
 
 
-@contextlib.contextmanager
-def _atomic_file(path, mode: str):
-    """An open temporary file beside ``path``, flushed to disk and renamed over ``path`` when
-    the block ends without an error, removed otherwise. The file gets the permissions a new
-    file gets under the user's umask (``tempfile`` would make it private, 0600), and leftovers
-    of killed saves in the folder (see ``STALE_SECONDS``) are removed first."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    _remove_stale_temporaries(folder)
-    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=folder)
+class WriteError(OSError):
+    """Writing a file failed: an ``OSError`` with the same ``errno`` whose message names the file
+    and says what became of the earlier one."""
+
+    def __str__(self):
+        return self.strerror
+
+
+def _write_error(e: OSError, path: str, existed: bool) -> WriteError:
+    what = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded", errno.EFBIG: "the file is too large for the file system or its limit"}
+    reason = what.get(e.errno, e.strerror or str(e))
+    kept = f"the earlier {path} is unchanged" if existed else "no file was written"
+    err = WriteError(e.errno, f"could not write {path}: {reason} ({kept}; free space in {os.path.dirname(path) or '.'} or write elsewhere)")
+    err.filename = path
+    return err
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _atomic_write(path, data) -> None:
+    """Write the bytes ``data`` to a temporary file beside ``path``, flush it to disk and rename
+    it over ``path``; on any failure remove the temporary file and keep the earlier ``path``. The
+    file gets the permissions a new file gets under the user's umask (``tempfile`` would make it
+    private, 0600), and leftovers of killed saves in the folder (see ``STALE_SECONDS``) are
+    removed first. An ``OSError`` becomes a :class:`WriteError` naming ``path``."""
+    path = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(path)
+    existed = os.path.exists(path)
+    tmp = None
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        os.makedirs(folder, exist_ok=True)
+        _remove_stale_temporaries(folder)
+        fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=folder)
+        try:
+            os.fchmod(fd, 0o666 & ~_umask())
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            raise _write_error(e, path, existed) from e
         raise
 
 
 def atomic_save(obj, path) -> None:
-    """``torch.save(obj, path)`` through a temporary file and an atomic rename."""
-    with _atomic_file(path, "wb") as f:
-        torch.save(obj, f)
+    """``torch.save(obj, path)`` through a temporary file and an atomic rename. The object is
+    serialized in memory first, so that a failing disk is met by ``os.write`` (which says why)
+    and not inside torch's zip writer (which does not)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    _atomic_write(path, buffer.getbuffer())
 
 
 def atomic_write_text(text: str, path) -> None:
-    """Write ``text`` to ``path`` through a temporary file and an atomic rename."""
-    with _atomic_file(path, "w") as f:
-        f.write(text)
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file and an atomic rename."""
+    _atomic_write(path, text.encode("utf-8"))
 
 
 def atomic_write_bytes(data: bytes, path) -> None:
     """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
-    with _atomic_file(path, "wb") as f:
-        f.write(data)
+    _atomic_write(path, data)
 
 
 def record_results(path, entries) -> list:
