@@ -58,8 +58,8 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(nam
     writes = []
     real_save = RunCheckpoint.save
 
-    def save_then_die(self, state):
-        real_save(self, state)
+    def save_then_die(self, state, count=None):
+        real_save(self, state, count)
         writes.append(self.path)
         if len(writes) == 2:
             raise Killed

@@ -279,19 +279,39 @@ def test_fit_skips_every_update_from_the_first_failed_step_and_says_so():
     assert len(trainer.history) == 1  # the failed epoch is not recorded
 
 
-def test_an_overflowing_update_is_reported_as_such_and_never_checkpointed(tmp_path):
+def test_an_overflowing_update_is_undone_reported_as_such_and_never_checkpointed(tmp_path):
     model = mlp_model()
     guide = pyrobnn.MeanFieldNormal(model)
     x, y = regression_data()
     with pytest.raises(ValueError, match="lr must be a finite positive number"):
         SVITrainer(model, guide, lr=float("inf"))
     trainer = SVITrainer(model, guide, lr=1e39)  # finite, but the float32 update overflows
-    trainer.step(x, y)
-    with pytest.raises(NonFiniteLossError, match="parameters were already not finite"):
+    with torch.no_grad():
+        guide(x)
+    before = {n: p.detach().clone() for n, p in guide.named_parameters()}
+    with pytest.raises(NonFiniteLossError, match="the update of step 0 .* made the parameters non-finite .* and was undone; the parameters are those from before step 0"):
         trainer.step(x, y)
+    for n, p in guide.named_parameters():  # the last finite parameters, bit for bit
+        assert torch.equal(p, before[n]), n
+    trainer.save_checkpoint(tmp_path / "ckpt.pt")  # finite again: a state training can go on from
+    # parameters made non-finite another way are never written
+    with torch.no_grad():
+        next(iter(guide.parameters())).fill_(float("nan"))
     with pytest.raises(NonFiniteLossError, match="not writing"):
-        trainer.save_checkpoint(tmp_path / "ckpt.pt")
-    assert not any(tmp_path.iterdir())
+        trainer.save_checkpoint(tmp_path / "other.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+
+
+def test_fit_with_an_overflowing_learning_rate_leaves_the_last_finite_parameters():
+    model = mlp_model()
+    guide = pyrobnn.MeanFieldNormal(model)
+    x, y = regression_data()
+    pyrobnn.fit(model, guide, x, y, epochs=2, progress=False, seed=0)
+    before = {n: p.detach().clone() for n, p in guide.named_parameters()}
+    with pytest.raises(NonFiniteLossError, match="overflowed"):
+        pyrobnn.fit(model, guide, x, y, epochs=3, lr=1e39, batch_size=8, progress=False)
+    for n, p in guide.named_parameters():
+        assert torch.equal(p, before[n]), n
 
 
 def test_fit_synchronizes_with_the_host_once_per_epoch_not_per_step(monkeypatch):

@@ -11,24 +11,33 @@ an uninterrupted one; a finished run's file returns its result at once. The file
 the run was (the method, its settings, a hash of the data and of the starting points, the
 model's structure), and a call that differs is refused, naming what differs, instead of going
 on from another run's state. Files are written atomically and read with
-``torch.load(weights_only=True)``.
+``torch.load(weights_only=True)``; a file whose stored SHA-256 of its state does not match is
+refused as corrupted, never resumed from.
+
+While a checkpointed run is in its loop, SIGTERM and SIGINT stop it after the iteration it is in,
+with its state written (:mod:`pyrobnn.infer.core.interrupts`). A write that fails (a full disk)
+does not end the run: it warns, naming the file and why, and goes on; the file keeps the state
+written before (atomic writes), and the next write tries again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
 import time
+import warnings
 from typing import Optional
 
 import torch
 
+from pyrobnn.infer.core.interrupts import RunInterrupted, stop_signals
 from pyrobnn.infer.results.protocol import structure
-from pyrobnn.utils.io import atomic_save, safe_load
+from pyrobnn.utils.io import WriteError, atomic_save, safe_load
 from pyrobnn.utils.validation import check_positive_int, check_positive_number
 
-__all__ = ["Checkpointing", "RunCheckpoint", "digest", "FORMAT"]
+__all__ = ["Checkpointing", "RunCheckpoint", "digest", "state_digest", "watching", "FORMAT"]
 
 FORMAT = "pyrobnn-run-checkpoint"
 VERSION = 1
@@ -48,8 +57,35 @@ def digest(*tensors) -> str:
             h.update(b"none")
             continue
         t = t.detach().cpu().contiguous()
-        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        shape = tuple(t.shape)
+        t = t.reshape(-1)
+        h.update(f"{shape}{t.dtype}".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def state_digest(state) -> str:
+    """SHA-256 of a nested state (dicts, lists, tensors, plain values), in a fixed order: what a
+    checkpoint stores beside its state so that a flipped byte is found before a resume."""
+    h = hashlib.sha256()
+
+    def visit(value):
+        if isinstance(value, torch.Tensor):
+            h.update(b"T")
+            h.update(digest(value).encode())
+        elif isinstance(value, dict):
+            h.update(f"D{len(value)}".encode())
+            for k in sorted(value, key=repr):
+                h.update(repr(k).encode())
+                visit(value[k])
+        elif isinstance(value, (list, tuple)):
+            h.update(f"L{len(value)}".encode())
+            for v in value:
+                visit(v)
+        else:
+            h.update(f"V{value!r}".encode())
+
+    visit(state)
     return h.hexdigest()
 
 
@@ -103,6 +139,10 @@ class RunCheckpoint:
         self.path = None if self.options is None else self.options.path
         self.kind, self.identity = kind, identity
         self._last = time.monotonic()
+        #: the iteration count of the state in the file (written or read), ``None`` if none
+        self.written = None
+        self._stop = None
+        self._write_failure = None
 
     @classmethod
     def of_run(cls, checkpointing, kind: str, settings: dict, model, data, start) -> "RunCheckpoint":
@@ -127,26 +167,95 @@ class RunCheckpoint:
             raise ValueError(f"{self.path} has checkpoint format version {obj.get('version')}; this pyrobnn reads {VERSION}")
         if obj.get("kind") != self.kind:
             raise ValueError(f"{self.path} holds a {obj.get('kind')} run, not a {self.kind} run: pass another checkpoint path")
+        if "sha256" in obj and state_digest(obj.get("state")) != obj["sha256"]:
+            raise ValueError(f"{self.path} is corrupted (its state does not match its SHA-256): remove the file or pass another checkpoint path")
         saved = obj.get("identity", {})
         # the settings first: a different seed changes the starting points too
         for key in sorted(set(saved) | set(self.identity), key=lambda k: (k in _DERIVED, k)):
             if saved.get(key) != self.identity.get(key):
                 what = _DERIVED.get(key) or f"{key} is {saved.get(key)!r} there and {self.identity.get(key)!r} here"
                 raise ValueError(f"{self.path} was written by another {self.kind} run: {what}; remove the file or pass another checkpoint path")
+        self.written = obj.get("count")
         return obj["state"]
 
     def due(self, count: int) -> bool:
         """Whether the state after ``count`` iterations is to be written."""
         return self.options is not None and self.options.due(count, self._last)
 
-    def save(self, state: dict) -> None:
-        """Write ``state`` (tensors and plain values) atomically."""
+    def save(self, state: dict, count=None) -> None:
+        """Write ``state`` (tensors and plain values), the state after ``count`` iterations,
+        atomically, with the SHA-256 of the state."""
         if self.path is None:
             return
-        atomic_save({"format": FORMAT, "version": VERSION, "kind": self.kind, "identity": self.identity, "state": state}, self.path)
+        atomic_save({
+            "format": FORMAT, "version": VERSION, "kind": self.kind, "identity": self.identity, "count": count,
+            "sha256": state_digest(state), "state": state,
+        }, self.path)
         self._last = time.monotonic()
+        self.written = count
 
-    def maybe_save(self, count: int, state_fn) -> None:
-        """Write ``state_fn()`` when :meth:`due` says so."""
-        if self.due(count):
-            self.save(state_fn())
+    @contextlib.contextmanager
+    def stoppable(self):
+        """The run's loop: SIGTERM and SIGINT are recorded, for :meth:`after` to act on (when a
+        checkpoint is written; otherwise they act as they always do)."""
+        with stop_signals(self.enabled) as request:
+            self._stop = request
+            try:
+                yield request
+            finally:
+                self._stop = None
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop is not None and self._stop.requested
+
+    def after(self, count: int, state_fn, *, last: bool = False, resumable: bool = True, unit: str = "iterations") -> None:
+        """The end of iteration ``count``: the state ``state_fn()`` is written when due, at the
+        ``last`` iteration, or when a stop signal came (then :class:`RunInterrupted` is raised).
+        A state that cannot be written here (not ``resumable``) is not; a stop then leaves the
+        state written last."""
+        stop = self.stop_requested
+        written = False
+        if resumable and (last or stop or self.due(count)):
+            written = self.try_save(state_fn, count, unit)
+        if stop:
+            raise self.interrupted(count, unit, finished=last and written)
+
+    def try_save(self, state_fn, count: int, unit: str) -> bool:
+        """:meth:`save`, warning instead of raising where the file cannot be written (the run
+        goes on; the file keeps its earlier state)."""
+        try:
+            self.save(state_fn(), count)
+            self._write_failure = None
+            return True
+        except WriteError as e:
+            if self._write_failure is None:  # once until a write succeeds again
+                held = f"it holds the state after {self.written} {unit}" if self.written is not None else "no state is saved"
+                warnings.warn(f"{self.kind}: the state after {count} {unit} was not saved: {e}; the run goes on ({held}), and each later write tries again", stacklevel=3)
+            self._write_failure = str(e)
+            return False
+
+    def stop_overdue(self) -> bool:
+        """A stop signal came :data:`~pyrobnn.infer.core.interrupts.GRACE_SECONDS` ago or
+        more: a loop that can write its state only at the end of an epoch stops where it is."""
+        return self._stop is not None and self._stop.overdue()
+
+    def interrupted(self, count: int, unit: str = "iterations", finished: bool = False) -> RunInterrupted:
+        """The :class:`RunInterrupted` for a stop after ``count`` iterations, saying what is in
+        the file and how to resume."""
+        name = self._stop.signal_name if self._stop is not None else "a signal"
+        failure = f" (its state at the stop could not be written: {self._write_failure})" if self._write_failure else ""
+        if finished:
+            text = f"{self.kind} finished as {name} came; its result is in {self.path}: the same call with checkpoint={self.path!r} returns it at once"
+        elif self.written is None:
+            text = f"{self.kind} stopped by {name} after {count} {unit}{failure}; no state had been written to {self.path} yet: the same call starts over"
+        else:
+            lost = f" (the {count - self.written} {unit} after it are run again)" if count > self.written else ""
+            text = (f"{self.kind} stopped by {name} after {count} {unit}{failure}; its state after {self.written} {unit} is in {self.path}{lost}: "
+                    f"the same call with checkpoint={self.path!r} resumes from there")
+        return RunInterrupted(text, signal_name=name, path=self.path if self.written is not None else None, done=self.written)
+
+
+def watching(checkpoint):
+    """``checkpoint.stoppable()`` for a :class:`RunCheckpoint`, nothing for ``None``."""
+    return checkpoint.stoppable() if checkpoint is not None else contextlib.nullcontext()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NonFiniteLossError", "InvalidBatchError", "StepFailures", "skips_on_device", "grads_not_finite"]
+__all__ = ["NonFiniteLossError", "InvalidBatchError", "StepFailures", "OverflowGuard", "skips_on_device", "grads_not_finite", "not_finite"]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -34,12 +34,14 @@ class InvalidBatchError(ValueError):
 
 class StepFailures:
     """The first failed training step since the last check, recorded on the device without a
-    host synchronization: a batch with bad values, a non-finite loss, or a non-finite gradient.
-    ``failed`` is a 0-d boolean tensor that a fused optimizer takes as ``found_inf`` (the
-    update is skipped, and so is every later one until :meth:`raise_if_any`), so the parameters
-    stay those from before the first failed step."""
+    host synchronization: a batch with bad values, a non-finite loss, a non-finite gradient, or
+    an update that made a parameter non-finite (a learning rate too large for the gradient: the
+    step overflowed; the trainer puts the parameters back, :func:`undo_overflow`). ``failed``
+    is a 0-d boolean tensor that a fused optimizer takes as ``found_inf`` (the update is skipped,
+    and so is every later one until :meth:`raise_if_any`), so the parameters stay those from
+    before the first failed step."""
 
-    CAUSES = ("data", "loss", "gradient")
+    CAUSES = ("data", "loss", "gradient", "update")
     #: what was wrong with a batch, by the code :meth:`record` takes as ``data_cause``
     DATA_CAUSES = {1: "x holds NaN or infinite values", 2: "y holds NaN or infinite values", 3: "targets"}
 
@@ -50,10 +52,11 @@ class StepFailures:
     def failed(self):
         return self._f["failed"] if self._f is not None else None
 
-    def record(self, step: int, epoch: int, data_cause, bad_loss, bad_grad, value) -> None:
+    def record(self, step: int, epoch: int, data_cause, bad_loss, bad_grad, value, bad_update=None) -> None:
         """Note step ``step`` as failed where the batch was bad (``data_cause``: a 0-d integer
         tensor, 0 for a good batch, else a key of :data:`DATA_CAUSES`; ``None``: not checked) or
-        either 0-d flag is set; ``value`` is its loss."""
+        any 0-d flag is set (``bad_update``: the update made a parameter non-finite); ``value``
+        is its loss."""
         f = self._f
         device = value.device
         if f is None or f["failed"].device != device:
@@ -68,9 +71,11 @@ class StepFailures:
         if data_cause is None:
             data_cause = torch.zeros((), dtype=torch.long, device=device)
         bad_data = data_cause > 0
-        bad = bad_data | bad_loss | bad_grad
+        if bad_update is None:
+            bad_update = torch.zeros_like(bad_loss)
+        bad = bad_data | bad_loss | bad_grad | bad_update
         first = bad & ~f["failed"]
-        cause = torch.where(bad_data, 0, torch.where(bad_loss, 1, 2))
+        cause = torch.where(bad_data, 0, torch.where(bad_loss, 1, torch.where(bad_grad, 2, 3)))
         f["step"] = torch.where(first, step, f["step"])
         f["epoch"] = torch.where(first, epoch, f["epoch"])
         f["cause"] = torch.where(first, cause, f["cause"])
@@ -100,8 +105,10 @@ class StepFailures:
             what = f"the batch of step {step} (epoch {epoch}) is refused: {found}"
         elif cause == "loss":
             what = f"the loss is {float(f['value'])} at step {step} (epoch {epoch})"
+        elif cause == "gradient":
+            what = f"the gradient is not finite at step {step} (epoch {epoch})"
         else:
-            what = f"the gradient or the update is not finite at step {step} (epoch {epoch})"
+            what = f"the update of step {step} (epoch {epoch}) made the parameters non-finite (it overflowed) and was undone"
         if all(bool(torch.isfinite(p).all()) for p in params):
             where = f"the parameters are those from before step {step} (no later update was applied)"
         else:
@@ -130,3 +137,30 @@ def grads_not_finite(params):
     if not grads:
         return None
     return ~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
+
+
+def not_finite(tensors):
+    """A 0-d device tensor: whether any of ``tensors`` holds a NaN or an infinity (no sync).
+    Exact for every finite magnitude (each tensor times zero is zero unless it holds one)."""
+    return ~torch.isfinite(torch.stack(torch._foreach_norm(torch._foreach_mul(tensors, 0.0))).sum())
+
+
+class OverflowGuard:
+    """The parameters before each update, so that an update that makes one non-finite (it
+    overflowed: a learning rate too large for the gradient) is undone on the device, with no
+    host synchronization: one copy of the parameters kept, one copy per step."""
+
+    def __init__(self, params):
+        self.params = [p.detach() for p in params]
+        self.before = [torch.empty_like(p) for p in self.params]
+
+    def save(self) -> None:
+        torch._foreach_copy_(self.before, self.params)
+
+    def undo_overflow(self):
+        """Put back the parameters saved last where the update made any non-finite; returns
+        that 0-d flag."""
+        bad = not_finite(self.params)
+        for p, b in zip(self.params, self.before):
+            p.copy_(torch.where(bad, b, p))
+        return bad

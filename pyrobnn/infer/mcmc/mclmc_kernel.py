@@ -63,6 +63,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pyrobnn.infer.core.checkpoints import watching
 from pyrobnn.infer.core.integrators import MCLACHLAN_B1, esh_velocity_update, partial_refresh, unit_vector
 from pyrobnn.infer.mcmc.autocorrelation import MIN_ESS_DRAWS, effective_sample_size
 from pyrobnn.utils.progress import tqdm
@@ -354,7 +355,7 @@ def sample_mclmc(
 
     bar = tqdm(total=total, initial=first, disable=not progress, desc="MCLMC", unit="step", dynamic_ncols=True, mininterval=0.5)
     # the step is compiled for each potential (see raised_recompile_limits)
-    with raised_recompile_limits(enabled=compile and native is None):
+    with raised_recompile_limits(enabled=compile and native is None), watching(checkpoint):
         try:
             for t in range(first, total):
                 state, d_energy, finite = stepper(state, warmup.tuning)
@@ -369,8 +370,13 @@ def sample_mclmc(
                         changes.append(d_energy)
                 if progress:
                     bar.update(1)
-                if checkpoint is not None and warmup.resumable_after(t + 1) and (t + 1 == total or checkpoint.due(t + 1)):
-                    checkpoint.save(snapshot(t + 1))
+                if checkpoint is not None:
+                    # phase 3 cannot be written: the state before it always is, so that a stop
+                    # inside it goes back no further
+                    resumable = warmup.resumable_after(t + 1)
+                    if resumable and t + 2 <= total and not warmup.resumable_after(t + 2):
+                        checkpoint.try_save(lambda: snapshot(t + 1), t + 1, "steps")
+                    checkpoint.after(t + 1, lambda: snapshot(t + 1), last=t + 1 == total, resumable=resumable, unit="steps")
         finally:
             bar.close()
     tuning = warmup.tuning

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pyrobnn.infer.core.checkpoints import watching
 from pyrobnn.infer.core.integrators import MAX_DELTA_ENERGY, kinetic_energy, leapfrog
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.runtime import compiled, raised_recompile_limits
@@ -443,7 +444,7 @@ def sample_nuts(
     # Dynamo guards the compiled leaf on the potential object, so each run compiles anew; past
     # its default limit of 8 recompilations per function it would silently run the leaf
     # eagerly (10x slower) from the ninth run in a process on (e.g. the ninth UCI split).
-    with raised_recompile_limits(enabled=compile):
+    with raised_recompile_limits(enabled=compile), watching(checkpoint):
         try:
             for i in range(first, total):
                 warming = i < num_warmup
@@ -460,8 +461,8 @@ def sample_nuts(
                         refresh=False,
                     )
                 bar.update(1)
-                if checkpoint is not None and (i + 1 == total or checkpoint.due(i + 1)):
-                    checkpoint.save(snapshot(i + 1))
+                if checkpoint is not None:
+                    checkpoint.after(i + 1, lambda: snapshot(i + 1), last=i + 1 == total)
         finally:
             bar.close()
     stacked = {k: torch.stack(v, 1) for k, v in stats_all.items()} if draws else {}

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint, watching
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.core.problem import flat_problem
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
@@ -165,38 +165,41 @@ def train_members(
         }
 
     bar = tqdm(total=max_epochs, initial=start_epoch, disable=not progress, desc="deep ensemble", unit="epoch", dynamic_ncols=True)
-    try:
-        for epoch in range(start_epoch, 0 if done else max_epochs):
-            train_loss = torch.zeros(members, dtype=z.dtype, device=z.device)
-            for idx in loop.epoch_batches():
-                per_member = -minibatch_log_joint(potential, z, x[idx], y[idx], n, prior=objective == "map") / n
-                optimizer.zero_grad(set_to_none=True)
-                per_member.sum().backward()
-                loop.optimizer_step(optimizer, per_member, [z])
+    with watching(checkpoint):
+        try:
+            for epoch in range(start_epoch, 0 if done else max_epochs):
+                train_loss = torch.zeros(members, dtype=z.dtype, device=z.device)
+                for idx in loop.epoch_batches():
+                    if checkpoint is not None and checkpoint.stop_overdue():
+                        raise checkpoint.interrupted(epoch, "epochs")
+                    per_member = -minibatch_log_joint(potential, z, x[idx], y[idx], n, prior=objective == "map") / n
+                    optimizer.zero_grad(set_to_none=True)
+                    per_member.sum().backward()
+                    loop.optimizer_step(optimizer, per_member, [z])
+                    with torch.no_grad():
+                        # stopped members stay where they stopped (their AdamW moments move on unused)
+                        z.data = torch.where(active.unsqueeze(-1), z.data, best)
+                    train_loss += per_member.detach() * idx.shape[0] / n
+                loop.end_epoch([z])
+                epochs += active.cpu().long()
                 with torch.no_grad():
-                    # stopped members stay where they stopped (their AdamW moments move on unused)
-                    z.data = torch.where(active.unsqueeze(-1), z.data, best)
-                train_loss += per_member.detach() * idx.shape[0] / n
-            loop.end_epoch([z])
-            epochs += active.cpu().long()
-            with torch.no_grad():
-                loss = -potential.pointwise_log_likelihood(z, x_val, y_val).mean(-1) if validate else train_loss
-            history.append(loss.detach().cpu())
-            improved = active & (loss < best_loss)
-            best = torch.where(improved.unsqueeze(-1), z.detach(), best)
-            best_loss = torch.where(improved, loss.detach(), best_loss)
-            best_epoch = torch.where(improved.cpu(), torch.full_like(best_epoch, epoch + 1), best_epoch)
-            if validate:
-                active = active & ((epoch + 1 - best_epoch.to(z.device)) < patience)
-            bar.set_postfix({"loss": f"{loss.mean().item():.3f}", "training": int(active.sum())}, refresh=False)
-            bar.update(1)
-            finished = not bool(active.any()) or epoch + 1 == max_epochs
-            if checkpoint is not None and (finished or checkpoint.due(epoch + 1)):
-                checkpoint.save(state(finished))
-            if finished:
-                break
-    finally:
-        bar.close()
+                    loss = -potential.pointwise_log_likelihood(z, x_val, y_val).mean(-1) if validate else train_loss
+                history.append(loss.detach().cpu())
+                improved = active & (loss < best_loss)
+                best = torch.where(improved.unsqueeze(-1), z.detach(), best)
+                best_loss = torch.where(improved, loss.detach(), best_loss)
+                best_epoch = torch.where(improved.cpu(), torch.full_like(best_epoch, epoch + 1), best_epoch)
+                if validate:
+                    active = active & ((epoch + 1 - best_epoch.to(z.device)) < patience)
+                bar.set_postfix({"loss": f"{loss.mean().item():.3f}", "training": int(active.sum())}, refresh=False)
+                bar.update(1)
+                finished = not bool(active.any()) or epoch + 1 == max_epochs
+                if checkpoint is not None:
+                    checkpoint.after(epoch + 1, lambda: state(finished), last=finished, unit="epochs")
+                if finished:
+                    break
+        finally:
+            bar.close()
     if not validate:
         best = z.detach().clone()
     stats = {"val_nll" if validate else "train_loss": best_loss.cpu(), "best_epoch": best_epoch, "epochs": epochs}

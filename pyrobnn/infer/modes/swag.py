@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint, watching
 from pyrobnn.infer.core.curvature import largest_curvature
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.core.potential import FlatPotential
@@ -204,26 +204,29 @@ def swag(
                 first_epoch = len(snapshots)
         start = time.perf_counter()
         bar = tqdm(total=num_epochs, initial=first_epoch, disable=not progress, desc="SWAG", unit="epoch", dynamic_ncols=True)
-        try:
-            for epoch in range(first_epoch, num_epochs):
-                total = torch.zeros((), dtype=z.dtype, device=z.device)
-                for idx in loop.epoch_batches():
-                    loss = -minibatch_log_joint(potential, z, x[idx], y[idx], n) / n
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.sum().backward()
-                    loop.optimizer_step(optimizer, loss, [z])
-                    total += loss.detach().sum() * idx.shape[0] / n
-                loop.end_epoch([z])
-                epoch_losses.append(float(total) / num_runs)
-                snapshots.append(z.detach().clone())
-                bar.update(1)
-                if run is not None and (epoch + 1 == num_epochs or run.due(epoch + 1)):
-                    run.save({
-                        "z": z.detach().cpu(), "optimizer": optimizer.state_dict(), "loop": loop.state_dict(),
-                        "snapshots": torch.stack(snapshots, 1).cpu(), "epoch_losses": list(epoch_losses),
-                    })
-        finally:
-            bar.close()
+        with watching(run):
+            try:
+                for epoch in range(first_epoch, num_epochs):
+                    total = torch.zeros((), dtype=z.dtype, device=z.device)
+                    for idx in loop.epoch_batches():
+                        if run is not None and run.stop_overdue():
+                            raise run.interrupted(epoch, "epochs")
+                        loss = -minibatch_log_joint(potential, z, x[idx], y[idx], n) / n
+                        optimizer.zero_grad(set_to_none=True)
+                        loss.sum().backward()
+                        loop.optimizer_step(optimizer, loss, [z])
+                        total += loss.detach().sum() * idx.shape[0] / n
+                    loop.end_epoch([z])
+                    epoch_losses.append(float(total) / num_runs)
+                    snapshots.append(z.detach().clone())
+                    bar.update(1)
+                    if run is not None:
+                        run.after(epoch + 1, lambda: {
+                            "z": z.detach().cpu(), "optimizer": optimizer.state_dict(), "loop": loop.state_dict(),
+                            "snapshots": torch.stack(snapshots, 1).cpu(), "epoch_losses": list(epoch_losses),
+                        }, last=epoch + 1 == num_epochs, unit="epochs")
+            finally:
+                bar.close()
         if epoch_losses[-1] > 2 * abs(epoch_losses[0]) + 0.1:
             warnings.warn(
                 f"SWAG's SGD moved away from the MAP: the training loss per point rose from {epoch_losses[0]:.4g} "

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint, watching
 from pyrobnn.infer.core.curvature import largest_curvature
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint_grad
 from pyrobnn.infer.core.problem import flat_problem
@@ -98,39 +98,42 @@ def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinn
                 steps_kept, first = list(saved["steps_kept"]), int(saved["step"])
         start = time.perf_counter()
         bar = tqdm(total=num_steps, initial=first, disable=not progress, desc=kind.upper(), unit="step", dynamic_ncols=True)
-        try:
-            for k in range(first, num_steps):
-                idx = loop.next_batch()
-                if schedule == "cyclical":
-                    eps = cyclical_step_size(k, num_steps, num_cycles, step_size)
-                    sampling = (k % period) >= exploration * period
-                else:
-                    eps, sampling = step_size, True
-                grad = minibatch_log_joint_grad(potential, z, x[idx], y[idx], n)
-                if kind == "sgld":
-                    z_new, v_new = sgld_step(z, grad, eps, generator, noise=sampling), v
-                else:
-                    z_new, v_new = sghmc_step(z, v, grad, eps, friction, generator, noise=sampling)
-                # from a failed step on, the chains stay where they were (no host sync here)
-                failed = loop.record(grad=grad, new=z_new)
-                z, v = torch.where(failed, z, z_new), torch.where(failed, v, v_new)
-                if (k + 1) % per_epoch == 0 or k + 1 == num_steps:
-                    loop.check([z])
-                keep = sampling and (k + 1) % thinning == 0
-                if schedule == "constant":
-                    keep = keep and k >= num_burnin
-                if keep:
-                    draws.append(z.detach().clone())
-                    steps_kept.append(k + 1)
-                bar.update(1)
-                if run is not None and (k + 1 == num_steps or run.due(k + 1)):
-                    loop.check([z])  # a failed step is never saved
-                    run.save({
-                        "step": k + 1, "z": z.cpu(), "v": v.cpu(), "generator": generator.get_state(), "loop": loop.state_dict(),
-                        "draws": torch.stack(draws, 1).cpu() if draws else None, "steps_kept": list(steps_kept),
-                    })
-        finally:
-            bar.close()
+        with watching(run):
+            try:
+                for k in range(first, num_steps):
+                    idx = loop.next_batch()
+                    if schedule == "cyclical":
+                        eps = cyclical_step_size(k, num_steps, num_cycles, step_size)
+                        sampling = (k % period) >= exploration * period
+                    else:
+                        eps, sampling = step_size, True
+                    grad = minibatch_log_joint_grad(potential, z, x[idx], y[idx], n)
+                    if kind == "sgld":
+                        z_new, v_new = sgld_step(z, grad, eps, generator, noise=sampling), v
+                    else:
+                        z_new, v_new = sghmc_step(z, v, grad, eps, friction, generator, noise=sampling)
+                    # from a failed step on, the chains stay where they were (no host sync here)
+                    failed = loop.record(grad=grad, new=z_new)
+                    z, v = torch.where(failed, z, z_new), torch.where(failed, v, v_new)
+                    if (k + 1) % per_epoch == 0 or k + 1 == num_steps:
+                        loop.check([z])
+                    keep = sampling and (k + 1) % thinning == 0
+                    if schedule == "constant":
+                        keep = keep and k >= num_burnin
+                    if keep:
+                        draws.append(z.detach().clone())
+                        steps_kept.append(k + 1)
+                    bar.update(1)
+                    if run is not None:
+                        def state():
+                            loop.check([z])  # a failed step is never saved
+                            return {
+                                "step": k + 1, "z": z.cpu(), "v": v.cpu(), "generator": generator.get_state(), "loop": loop.state_dict(),
+                                "draws": torch.stack(draws, 1).cpu() if draws else None, "steps_kept": list(steps_kept),
+                            }
+                        run.after(k + 1, state, last=k + 1 == num_steps, unit="steps")
+            finally:
+                bar.close()
         seconds = time.perf_counter() - start
         if not draws:
             raise ValueError(f"no draws kept: num_steps={num_steps} with thinning={thinning} keeps none after burn-in")

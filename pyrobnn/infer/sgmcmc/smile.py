@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint, watching
 from pyrobnn.infer.core.minibatch import MinibatchLoop, per_row_minibatch_log_joint_value_and_grad
 from pyrobnn.infer.core.problem import flat_problem, training_data
 from pyrobnn.infer.core.starts import chain_starts
@@ -126,28 +126,31 @@ def smile(
         total = num_warmup + num_samples
         start = time.perf_counter()
         bar = tqdm(total=total, initial=first, disable=not progress, desc="SMILE", unit="step", dynamic_ncols=True, mininterval=0.5)
-        try:
-            for t in range(first, total):
-                warm = t < num_warmup
-                noise = None
-                if L is not None:
-                    noise = torch.randn(state.z.shape, generator=generator, dtype=z.dtype, device=z.device)
-                state, change, reset, finite = smile_step(state, on_batch(loop.next_batches(chains)), settings, warmup=warm, noise=noise)
-                suffix = "_warmup" if warm else ""
-                counts["resets" + suffix].add_(reset.long())
-                counts["nonfinite" + suffix].add_((~finite).long())
-                if not warm and (t - num_warmup + 1) % thinning == 0:
-                    draws.append(state.z)
-                    changes.append(change)
-                bar.update(1)
-                if run is not None and (t + 1 == total or run.due(t + 1)):
-                    stack = (lambda xs: torch.stack(xs, 1).cpu()) if draws else (lambda xs: None)
-                    run.save({
-                        "step": t + 1, "state": state.state_dict(), "generator": generator.get_state(), "loop": loop.state_dict(),
-                        "counts": {k: v.cpu() for k, v in counts.items()}, "draws": stack(draws), "changes": stack(changes),
-                    })
-        finally:
-            bar.close()
+        with watching(run):
+            try:
+                for t in range(first, total):
+                    warm = t < num_warmup
+                    noise = None
+                    if L is not None:
+                        noise = torch.randn(state.z.shape, generator=generator, dtype=z.dtype, device=z.device)
+                    state, change, reset, finite = smile_step(state, on_batch(loop.next_batches(chains)), settings, warmup=warm, noise=noise)
+                    suffix = "_warmup" if warm else ""
+                    counts["resets" + suffix].add_(reset.long())
+                    counts["nonfinite" + suffix].add_((~finite).long())
+                    if not warm and (t - num_warmup + 1) % thinning == 0:
+                        draws.append(state.z)
+                        changes.append(change)
+                    bar.update(1)
+                    if run is not None:
+                        def snapshot():
+                            stack = (lambda xs: torch.stack(xs, 1).cpu()) if draws else (lambda xs: None)
+                            return {
+                                "step": t + 1, "state": state.state_dict(), "generator": generator.get_state(), "loop": loop.state_dict(),
+                                "counts": {k: v.cpu() for k, v in counts.items()}, "draws": stack(draws), "changes": stack(changes),
+                            }
+                        run.after(t + 1, snapshot, last=t + 1 == total, unit="steps")
+            finally:
+                bar.close()
         seconds = time.perf_counter() - start
         samples = potential.unpack_draws(torch.stack(draws, 1))
     stats = {"step_size": state.step_size, "energy_change": torch.stack(changes, 1), **counts}

@@ -15,14 +15,15 @@ import torch
 
 from pyrobnn.guides import ConcreteDropout, GaussianDropout, MCDropout, MeanFieldNormal, SparseVariationalDropout, VariationalDropout
 from pyrobnn.infer.core.checkpoints import Checkpointing
-from pyrobnn.infer.core.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.infer.core.failures import NonFiniteLossError, OverflowGuard, StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.infer.core.interrupts import RunInterrupted, stop_signals
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.methods import MethodSpec, Support, register
 from pyrobnn.models import BayesianModel
 from pyrobnn.utils import memory
-from pyrobnn.utils.io import atomic_save, safe_load
+from pyrobnn.utils.io import WriteError, atomic_save, safe_load
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import (
     as_tensor,
@@ -30,10 +31,11 @@ from pyrobnn.utils.validation import (
     check_positive_int,
     check_positive_number,
     check_same_placement,
+    loader_pair,
     validate_training_data,
 )
 
-__all__ = ["fit", "SVITrainer", "History", "default_optimizer", "loader_pair", "with_guide"]
+__all__ = ["fit", "SVITrainer", "History", "default_optimizer", "with_guide"]
 
 
 def _check_same_tensors(what, current: dict, saved: dict) -> None:
@@ -60,23 +62,6 @@ def _batches(loader_or_tensors, batch_size, generator):
     else:
         for batch in loader_or_tensors:
             yield loader_pair(batch)
-
-
-def loader_pair(batch):
-    """``(x, y)`` from a batch a ``DataLoader`` yielded, or a ``ValueError`` that says what a
-    loader must yield and what this one yielded."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    if isinstance(batch, dict):
-        got = f"a dict with keys {sorted(map(str, batch))[:6]}"
-    elif isinstance(batch, (tuple, list)):
-        got = f"a {type(batch).__name__} of {len(batch)} items"
-    else:
-        got = f"a {type(batch).__name__}"
-    raise ValueError(
-        f"a DataLoader for fit must yield (x, y) pairs (a tuple or list of two tensors or arrays: inputs, targets); it yielded "
-        f"{got}. Wrap its dataset so that each item is (x, y), e.g. TensorDataset(x, y)"
-    )
 
 
 def _default_batch_size(model, x, particles: int) -> int:
@@ -200,6 +185,7 @@ class SVITrainer:
         if isinstance(self.model, BayesianModel):
             self._num_outputs = check_forward(self.model.net, x)[-1]
         params = self._params = self.parameters()
+        self._guard = OverflowGuard(params)
         if self._optimizer_factory is None:
             self.optimizer = default_optimizer(params, self.lr)
         else:
@@ -239,6 +225,7 @@ class SVITrainer:
         elif self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_([p for p in self._params if p.grad is not None], self.clip_grad_norm, foreach=True)
         self.failures.record(self.history.steps, self.epoch, data_cause, bad_loss, bad_grad, value)
+        self._guard.save()
         if skips_on_device(self.optimizer):
             self.optimizer.found_inf = self.failures.failed.to(torch.float32)
             try:
@@ -248,6 +235,9 @@ class SVITrainer:
         else:
             self._raise_failures()  # a host sync: this optimizer cannot skip on the device
             self.optimizer.step()
+        with torch.no_grad():
+            bad_update = self._guard.undo_overflow()
+        self.failures.record(self.history.steps, self.epoch, None, torch.zeros_like(bad_update), torch.zeros_like(bad_update), value, bad_update)
         self.history.steps += 1
         return value, nll.detach(), kl.detach(), beta
 
@@ -364,6 +354,16 @@ class SVITrainer:
             )
         atomic_save({"format": "pyrobnn-checkpoint", "state": self.state_dict()}, path)
 
+    @staticmethod
+    def _interrupted(stop, checkpoint, written, where) -> RunInterrupted:
+        path = checkpoint.path
+        if written is None:
+            text = f"SVI training stopped by {stop.signal_name} after {where}; no state had been written to {path} yet: fit again to start over"
+        else:
+            text = (f"SVI training stopped by {stop.signal_name} after {where}; its state after epoch {written} is in {path}: "
+                    f"the same call with checkpoint={path!r} and resume=True goes on from there")
+        return RunInterrupted(text, signal_name=stop.signal_name, path=path if written is not None else None, done=written)
+
     def load_checkpoint(self, path, x=None, y=None, dataset_size=None) -> None:
         # onto the CPU: the random generators' states must be CPU tensors, and the module and
         # optimizer states are copied onto their parameters' devices as they load
@@ -397,7 +397,11 @@ class SVITrainer:
             records the size used).
         :param checkpoint: a file to write the training state to atomically, or a
             :class:`~pyrobnn.infer.core.checkpoints.Checkpointing` (every ``every`` epochs or
-            ``seconds`` seconds; by default every 60 seconds), and at the end.
+            ``seconds`` seconds; by default every 60 seconds), and at the end. With a checkpoint,
+            SIGTERM and SIGINT end training at the end of the epoch (within
+            :data:`~pyrobnn.infer.core.interrupts.GRACE_SECONDS`, else where it is) with the
+            state written, raising :class:`~pyrobnn.infer.core.interrupts.RunInterrupted`; a write
+            that fails (a full disk) warns and training goes on.
         :param resume: continue from ``checkpoint`` if the file exists.
         :param callback: ``callback(trainer, epoch) -> dict`` after each epoch; its numbers go
             into ``history.extra`` and the progress bar.
@@ -434,40 +438,51 @@ class SVITrainer:
         bar = tqdm(total=epochs, initial=self.epoch, disable=not progress, desc="SVI", unit="epoch", dynamic_ncols=True)
         start_time = time.perf_counter() - (self.history.seconds[-1] if self.history.seconds else 0.0)
         last_write = time.monotonic()
-        try:
-            while self.epoch < epochs:
-                sums, beta_sum, count = 0.0, 0.0, 0
-                for i, (xb, yb) in enumerate(_batches(source, batch_size, self.generator)):
-                    t = self.epoch + i / steps_per_epoch
-                    loss, nll, kl, beta = self._step_tensors(xb, yb, n, t, validated=loader is None)
-                    sums = sums + torch.stack([loss.to(nll.dtype), nll, kl])
-                    beta_sum += beta
-                    count += 1
-                self._raise_failures()  # the epoch's one host synchronization, with the next line
-                loss, nll, kl = (sums / count).tolist()
-                h = self.history
-                h.epoch.append(self.epoch + 1)
-                h.loss.append(loss)
-                h.nll.append(nll)
-                h.kl.append(kl)
-                h.kl_weight.append(beta_sum / count)
-                h.seconds.append(time.perf_counter() - start_time)
-                h.kl_methods = self.objective.kl_methods
-                self.epoch += 1
-                shown = {"nll": f"{h.nll[-1]:.4g}", "kl": f"{h.kl[-1]:.4g}"}
-                if self.kl_annealing is not None:
-                    shown["beta"] = f"{h.kl_weight[-1]:.2f}"
-                if callback is not None:
-                    for k, v in (callback(self, self.epoch) or {}).items():
-                        h.extra.setdefault(k, []).append(v)
-                        shown[k] = f"{v:.4g}" if isinstance(v, float) else v
-                bar.set_postfix(shown, refresh=False)
-                bar.update(1)
-                if checkpoint is not None and (self.epoch == epochs or checkpoint.due(self.epoch, last_write)):
-                    self.save_checkpoint(checkpoint.path)
-                    last_write = time.monotonic()
-        finally:
-            bar.close()
+        written = self.epoch if resume and checkpoint is not None and os.path.exists(checkpoint.path) else None
+        with stop_signals(checkpoint is not None) as stop:
+            try:
+                while self.epoch < epochs:
+                    sums, beta_sum, count = 0.0, 0.0, 0
+                    for i, (xb, yb) in enumerate(_batches(source, batch_size, self.generator)):
+                        if stop.overdue():
+                            raise self._interrupted(stop, checkpoint, written, f"{i} steps into epoch {self.epoch + 1}")
+                        t = self.epoch + i / steps_per_epoch
+                        loss, nll, kl, beta = self._step_tensors(xb, yb, n, t, validated=loader is None)
+                        sums = sums + torch.stack([loss.to(nll.dtype), nll, kl])
+                        beta_sum += beta
+                        count += 1
+                    self._raise_failures()  # the epoch's one host synchronization, with the next line
+                    loss, nll, kl = (sums / count).tolist()
+                    h = self.history
+                    h.epoch.append(self.epoch + 1)
+                    h.loss.append(loss)
+                    h.nll.append(nll)
+                    h.kl.append(kl)
+                    h.kl_weight.append(beta_sum / count)
+                    h.seconds.append(time.perf_counter() - start_time)
+                    h.kl_methods = self.objective.kl_methods
+                    self.epoch += 1
+                    shown = {"nll": f"{h.nll[-1]:.4g}", "kl": f"{h.kl[-1]:.4g}"}
+                    if self.kl_annealing is not None:
+                        shown["beta"] = f"{h.kl_weight[-1]:.2f}"
+                    if callback is not None:
+                        for k, v in (callback(self, self.epoch) or {}).items():
+                            h.extra.setdefault(k, []).append(v)
+                            shown[k] = f"{v:.4g}" if isinstance(v, float) else v
+                    bar.set_postfix(shown, refresh=False)
+                    bar.update(1)
+                    if checkpoint is not None and (self.epoch == epochs or stop.requested or checkpoint.due(self.epoch, last_write)):
+                        try:
+                            self.save_checkpoint(checkpoint.path)
+                            written = self.epoch
+                        except WriteError as e:  # the run goes on; the file keeps its earlier state
+                            held = f"it holds epoch {written}" if written is not None else "no state is saved"
+                            warnings.warn(f"SVI: the state after epoch {self.epoch} was not saved: {e}; training goes on ({held}), and the next write tries again", stacklevel=2)
+                        last_write = time.monotonic()
+                    if stop.requested:
+                        raise self._interrupted(stop, checkpoint, written, f"epoch {self.epoch}")
+            finally:
+                bar.close()
         return self.history
 
 
