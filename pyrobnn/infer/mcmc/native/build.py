@@ -6,11 +6,16 @@ generated from the Python definitions (:mod:`.constants`), the compiler's versio
 the CPU's instruction sets. Before a library is loaded, its record must name this
 key, its SHA-256 must match the record, and the file must belong to this user and not be
 writable by others; anything else (a corrupted, truncated or foreign file) is rebuilt, never
-loaded. Building writes to a temporary file and renames it into place.
+loaded. Building writes to a temporary file and renames it into place, under an exclusive lock
+on ``<cache>/kernels/.lock``: two processes that find no library at once build it once, the
+second waiting for the first and loading its result. A build that fails (no compiler, a full
+disk) raises :class:`NativeUnavailable` naming the folder; the samplers' ``backend="auto"`` then
+take the torch path and say why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -23,6 +28,11 @@ import subprocess
 import tempfile
 import threading
 import time
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: builds are not serialized (each still renames into place)
+    fcntl = None
 
 from pyrobnn.infer.mcmc.native import constants
 
@@ -135,7 +145,32 @@ def _check_entry(folder, key, ident):
     return library_path, record
 
 
+@contextlib.contextmanager
+def _folder_lock(folder):
+    """An exclusive ``flock`` on ``folder/.lock`` for the block (released by the kernel if the
+    process dies, so a killed build never blocks the next)."""
+    if fcntl is None:
+        yield
+        return
+    try:
+        fd = os.open(os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise NativeUnavailable(f"the native kernels' cache folder {folder} cannot be written: {e.strerror or e}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _build(folder, key, ident, cxx):
+    try:
+        return _compile(folder, key, ident, cxx)
+    except OSError as e:
+        raise NativeUnavailable(f"building the native kernels in {folder} failed: {e.strerror or e}") from e
+
+
+def _compile(folder, key, ident, cxx):
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
         out = os.path.join(tmp, "lib.so")
@@ -149,7 +184,7 @@ def _build(folder, key, ident, cxx):
                 break
             errors.append(proc.stderr.strip().splitlines()[-1:] if proc.stderr else [f"exit {proc.returncode}"])
         else:
-            raise NativeUnavailable(f"building the native kernels failed ({cxx}): {errors}")
+            raise NativeUnavailable(f"building the native kernels in {folder} failed ({cxx}): {errors}")
         os.chmod(out, 0o755 & ~_umask() & ~0o022)  # never writable by others: _trusted_file
         digest = _sha256(out)
         name = f"mlp-{key}-{digest[:16]}.so"
@@ -212,14 +247,21 @@ def library():
         if key in _LOADED:
             lib, record = _LOADED[key]
             return lib, dict(record, event="cached")
-        folder = library_folder()
+        try:
+            folder = library_folder()
+        except OSError as e:
+            raise NativeUnavailable(f"the native kernels' cache folder cannot be made: {e}") from e
         path, record = _check_entry(folder, key, ident)
         event = {"event": "loaded"}
         if path is None:
-            event = {"event": "built"}
-            if record != "not built on this machine yet":
-                event["rebuilt_because"] = record
-            path, record = _build(folder, key, ident, cxx)
+            with _folder_lock(folder):
+                # another process may have built it while this one waited for the lock
+                path, record = _check_entry(folder, key, ident)
+                if path is None:
+                    event = {"event": "built"}
+                    if record != "not built on this machine yet":
+                        event["rebuilt_because"] = record
+                    path, record = _build(folder, key, ident, cxx)
         lib = ctypes.CDLL(path)
         if lib.pyrobnn_kernels_abi() != ABI:
             raise NativeUnavailable(f"{path} reports another ABI than {ABI}")
