@@ -68,9 +68,16 @@ def _parse_bytes(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-def available_bytes() -> Optional[int]:
-    """The memory the machine has free for new allocations (``MemAvailable`` of
-    ``/proc/meminfo``), or ``None`` where that cannot be read."""
+def _read_number(path: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        return None if text in ("max", "") else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def _meminfo_available() -> Optional[int]:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -79,6 +86,43 @@ def available_bytes() -> Optional[int]:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _cgroup_available() -> Optional[int]:
+    """What the process's memory cgroup (a container's or a batch job's limit) leaves: its limit
+    less its usage (cgroup v2, else v1), or ``None`` without a limit."""
+    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit, usage = _read_number(limit_path), _read_number(usage_path)
+        if limit is not None and usage is not None and limit < 1 << 60:
+            return max(limit - usage, 0)
+    return None
+
+
+def _address_space_available() -> Optional[int]:
+    """What ``RLIMIT_AS`` (``ulimit -v``) leaves this process: the limit less its virtual size."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return max(soft - int(line.split()[1]) * 1024, 0)
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def available_bytes() -> Optional[int]:
+    """The memory free for this process's new allocations: the least of what the machine has
+    free (``MemAvailable`` of ``/proc/meminfo``), what its memory cgroup's limit leaves (a
+    container, a batch job) and what its address-space limit (``ulimit -v``) leaves; ``None``
+    where none can be read."""
+    values = [v for v in (_meminfo_available(), _cgroup_available(), _address_space_available()) if v is not None]
+    return min(values) if values else None
 
 
 def budget() -> int:
@@ -153,15 +197,14 @@ def points_per_chunk(points: int, rows: int, per_point: int, factor: int = FORWA
     return int(min(points, max(1, room // per)))
 
 
-def check_fits(nbytes: int, what: str, knobs: str) -> None:
+def check_fits(nbytes: int, what: str, knobs: str, chunks: bool = True) -> None:
     """Refuse (:class:`MemoryBudgetError`) a computation estimated at ``nbytes`` when the machine
-    has less free memory, naming ``what`` it is and the ``knobs`` that bound it."""
+    has less free memory, naming ``what`` it is and the ``knobs`` that bound it (``chunks``: they
+    are chunk sizes pyrobnn would otherwise choose itself, and the message says so)."""
     free = available_bytes()
     if free is not None and nbytes > free:
-        raise MemoryBudgetError(
-            f"{what} needs about {_gib(nbytes)} at once and this machine has {_gib(free)} free: lower {knobs} "
-            f"(or leave them unset: pyrobnn then picks chunks within pyrobnn.utils.memory.budget(), now {_gib(budget())})"
-        )
+        hint = f" (or leave them unset: pyrobnn then picks chunks within pyrobnn.utils.memory.budget(), now {_gib(budget())})" if chunks else ""
+        raise MemoryBudgetError(f"{what} needs about {_gib(nbytes)} at once and this process has {_gib(free)} free: lower {knobs}{hint}")
 
 
 def _gib(n: int) -> str:

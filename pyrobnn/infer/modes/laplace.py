@@ -34,6 +34,7 @@ batch normalization on its running statistics), as by every method that builds a
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -246,6 +247,25 @@ def jit_script_deprecation_quiet():
         yield
 
 
+def _check_curvature_fits(net, covered, hessian: str, dtype) -> None:
+    """Refuse, before it is built, a curvature that cannot fit in free memory, naming the options
+    that shrink it. Copies counted: the full Hessian, the posterior precision and its
+    Cholesky factor (:math:`3 D^2`); each Kronecker factor four times (the factors, their
+    eigendecompositions); the diagonal four times."""
+    shapes = [net.get_parameter(n).shape for n in covered]
+    d = sum(math.prod(s) for s in shapes)
+    if hessian == "full":
+        entries = 3 * d * d
+    elif hessian == "kron":
+        entries = 4 * sum((math.prod(s[1:]) ** 2 if len(s) > 1 else 0) + s[0] ** 2 for s in shapes)
+    else:
+        entries = 4 * d
+    memory.check_fits(
+        entries * torch.finfo(dtype).bits // 8, f"the {hessian} Hessian of {d:,} weights",
+        "its size: hessian='kron' or 'diag', or subset='last_layer'", chunks=False,
+    )
+
+
 @contextlib.contextmanager
 def laplace_torch_quiet():
     """Silence, while laplace-torch works for us, the two warnings it raises that no user of
@@ -364,6 +384,7 @@ def laplace(
     if kind == "regression":
         noise = values[latents[0]] if latents else model.likelihood.scale()
         kwargs["sigma_noise"] = float(noise.detach())
+    _check_curvature_fits(net, covered, hessian, model.dtype)
     with laplace_torch_quiet():
         la = Laplace(fitted, kind, subset_of_weights=subset, hessian_structure=hessian, prior_precision=precisions.clone(), **kwargs)
         if batch_size is None:

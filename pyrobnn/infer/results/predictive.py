@@ -10,6 +10,7 @@ inputs.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Optional
 
@@ -93,8 +94,23 @@ def _prepare(model, x):
     model.check_x(x)
     check_finite(x, "x")
     x = x.to(model.device)
-    check_forward(model.net, x)
-    return x
+    return x, check_forward(model.net, x)
+
+
+#: the copies of the network outputs over all draws a prediction holds at its peak (the chunks,
+#: their concatenation, the likelihood's summary of them)
+OUTPUT_COPIES = 3
+
+
+def _check_outputs_fit(model, x, out_shape, num_samples: int) -> None:
+    """Every prediction holds the network's outputs for all draws and points at once: refuse one
+    that cannot fit in free memory before it runs, naming what bounds it."""
+    per_point = math.prod(out_shape[1:])
+    need = OUTPUT_COPIES * num_samples * x.shape[0] * per_point * torch.finfo(model.dtype).bits // 8
+    memory.check_fits(
+        need, f"the predictive's outputs ({num_samples} weight draws x {x.shape[0]} points x {per_point} outputs)",
+        "num_samples, or predict on fewer points per call", chunks=False,
+    )
 
 
 def _explicit_chunk_check(model, x, rows, batch_size, sample_batch_size):
@@ -130,7 +146,7 @@ def predict_draws(model, draws: dict, x, num_samples: Optional[int] = None, *, b
     """The posterior predictive at ``x`` from stored weight draws ``{site: (S, *shape)}`` (every
     random site of ``model`` and its likelihood's latent sites): the equal-weight mixture over
     ``num_samples`` of them spread evenly over the draws (``None``: all)."""
-    x = _prepare(model, x)
+    x, out_shape = _prepare(model, x)
     _check_chunk("batch_size", batch_size)
     _check_chunk("sample_batch_size", sample_batch_size)
     needed = [s.name for s in model.sites] + list(model.likelihood.latent_sites())
@@ -148,6 +164,7 @@ def predict_draws(model, draws: dict, x, num_samples: Optional[int] = None, *, b
     draws = {k: draws[k][chosen.to(draws[k].device)].to(model.device) for k in needed}
     s = _sample_chunk(model, num_samples, sample_batch_size)
     _explicit_chunk_check(model, x, s, batch_size, sample_batch_size)
+    _check_outputs_fit(model, x, out_shape, num_samples)
 
     def run():
         parts = [network_outputs(model, {k: v[i : i + s] for k, v in draws.items()}, x, batch_size=batch_size) for i in range(0, num_samples, s)]
@@ -169,7 +186,7 @@ def predict_guide(model, guide, x, num_samples: Optional[int] = None, *, method:
         raise ValueError(f"method must be 'sample' or 'mean', got {method!r}")
     if not callable(guide):
         raise TypeError(f"guide must be a trained Pyro guide (a callable), got {type(guide).__name__}")
-    x = _prepare(model, x)
+    x, out_shape = _prepare(model, x)
     _check_chunk("batch_size", batch_size)
     _check_chunk("sample_batch_size", sample_batch_size)
     num_samples = DEFAULT_GUIDE_DRAWS if num_samples is None else num_samples
@@ -188,6 +205,7 @@ def predict_guide(model, guide, x, num_samples: Optional[int] = None, *, method:
 
     s = _sample_chunk(model, num_samples, sample_batch_size)
     _explicit_chunk_check(model, x, s, batch_size, sample_batch_size)
+    _check_outputs_fit(model, x, out_shape, num_samples)
 
     def run():
         outputs, latents = [], {k: [] for k in latent_names}
