@@ -176,8 +176,8 @@ def likelihood_kind(likelihood) -> str:
 
 def prior_kind(model) -> tuple:
     """``(kind, site)``: ``"normal"`` or ``"log_uniform"`` if every random site of ``model`` has
-    that prior (``site``: the first, or ``None`` for Normal priors), else ``"other"`` with the
-    first site whose prior differs from the first site's kind."""
+    that prior (``site``: the first; ``None`` for a model without random sites), else ``"other"``
+    with the first site whose prior differs from the first site's kind."""
     from pyrobnn.models.priors import LogUniformPrior, NormalPrior
 
     kinds = [("normal" if isinstance(p, NormalPrior) else "log_uniform" if isinstance(p, LogUniformPrior) else "other", s)
@@ -188,7 +188,7 @@ def prior_kind(model) -> tuple:
     for kind, site in kinds:
         if kind != first or kind == "other":
             return "other", site
-    return first, None if first == "normal" else kinds[0][1]
+    return first, kinds[0][1]
 
 
 def supports(key: str, model) -> bool:

@@ -63,7 +63,11 @@ def test_kinds_are_read_from_the_model():
     kind, site = methods.prior_kind(mixed)
     assert kind == "other" and site.name == "2.weight"
     assert methods.prior_kind(pyrobnn.BayesianModel(net, lik(0.1), pyrobnn.LogUniformPrior()))[0] == "log_uniform"
-    assert methods.prior_kind(pyrobnn.BayesianModel(net, lik(0.1), pyrobnn.NormalPrior(1.0))) == ("normal", None)
+    normal = pyrobnn.BayesianModel(net, lik(0.1), pyrobnn.NormalPrior(1.0))
+    assert methods.prior_kind(normal) == ("normal", normal.sites[0])
+    # a method that needs another prior names the site and the prior it has
+    with pytest.raises(pyrobnn.UnsupportedModelError, match="GaussianDropout needs .*; site '.*' has a NormalPrior"):
+        pyrobnn.GaussianDropout(normal)
 
 
 def test_every_registered_method_takes_model_x_y_and_keywords():

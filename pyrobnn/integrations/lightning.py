@@ -20,7 +20,7 @@ from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.infer.svi.trainer import default_optimizer
 from pyrobnn.methods import refuse_unsupported
-from pyrobnn.utils.validation import check_forward, check_positive_int, check_positive_number, check_same_placement
+from pyrobnn.utils.validation import check_forward, check_positive_int, check_positive_number, check_same_placement, loader_pair
 
 __all__ = ["SVIModule", "EnsembleModule", "EndProcessGroup"]
 
@@ -177,9 +177,7 @@ class SVIModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModule):
         self._freeze([self.model.init_value(s) for s in self.model.sites])
 
     def training_step(self, batch, batch_idx):
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise ValueError("SVIModule's training data must yield (x, y) pairs")
-        x, y = batch
+        x, y = loader_pair(batch, "SVIModule")
         self.model.check_x(x)  # dtype, emptiness and width, before torch's own shape error
         beta = 1.0
         if self.kl_annealing is not None:
@@ -256,9 +254,7 @@ class EnsembleModule(_SkipsNonFiniteSteps, _FrozenWhileFitting, L.LightningModul
         self._freeze(self.model.parameters())  # the members are the rows of self.members
 
     def training_step(self, batch, batch_idx):
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise ValueError("EnsembleModule's training data must yield (x, y) pairs")
-        x, y = batch
+        x, y = loader_pair(batch, "EnsembleModule")
         self.model.check_x(x)
         if self._outputs is None:
             self._outputs = check_forward(self.model.net, x)[-1]

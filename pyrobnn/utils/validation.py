@@ -28,6 +28,7 @@ __all__ = [
     "expected_input",
     "check_same_placement",
     "validate_training_data",
+    "loader_pair",
 ]
 
 
@@ -231,3 +232,20 @@ def validate_training_data(model, x, y):
     y_checked = model.likelihood.check_targets(y, (x.shape[0], output_shape[-1]))
     model.likelihood.check_target_values(y_checked, output_shape[-1])
     return x, y
+
+
+def loader_pair(batch, who: str = "fit"):
+    """``(x, y)`` from a batch a ``DataLoader`` yielded to ``who``, or a ``ValueError`` that says
+    what a loader must yield and what this one yielded."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    if isinstance(batch, dict):
+        got = f"a dict with keys {sorted(map(str, batch))[:6]}"
+    elif isinstance(batch, (tuple, list)):
+        got = f"a {type(batch).__name__} of {len(batch)} items"
+    else:
+        got = f"a {type(batch).__name__}"
+    raise ValueError(
+        f"a DataLoader for {who} must yield (x, y) pairs (a tuple or list of two tensors or arrays: inputs, targets); it yielded "
+        f"{got}. Wrap its dataset so that each item is (x, y), e.g. TensorDataset(x, y)"
+    )
