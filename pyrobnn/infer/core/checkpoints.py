@@ -60,7 +60,8 @@ def digest(*tensors) -> str:
         shape = tuple(t.shape)
         t = t.reshape(-1)
         h.update(f"{shape}{t.dtype}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.view(torch.uint8).numpy())  # the buffer itself, not a copy
     return h.hexdigest()
 
 
