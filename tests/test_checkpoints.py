@@ -109,6 +109,7 @@ pyrobnn.nuts(model, x, y, num_samples=150, num_warmup=50, num_chains=2, max_tree
 """
 
 
+@pytest.mark.slow  # 30 s; the fault suite's signal cases (tests/faults) run by default
 def test_nuts_killed_by_a_signal_resumes_to_the_uninterrupted_draws(tmp_path):
     path = tmp_path / "nuts.ckpt"
     log = open(tmp_path / "stderr.txt", "w")
@@ -135,6 +136,7 @@ def test_nuts_killed_by_a_signal_resumes_to_the_uninterrupted_draws(tmp_path):
         torch.testing.assert_close(resumed.samples[k], v, rtol=0, atol=0)
 
 
+@pytest.mark.slow  # 20 s: two spawned processes
 def test_members_in_two_processes_checkpoint_a_file_each_and_resume(tmp_path):
     x, y = _data()
     kw = dict(num_members=2, max_epochs=6, batch_size=8, progress=False, num_processes=2)

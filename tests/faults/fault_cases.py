@@ -49,3 +49,12 @@ def fit(checkpoint=None, callback=None, epochs=30):
 
 def draws(result) -> dict:
     return {k: v.detach().clone() for k, v in result.samples.items()}
+
+
+def wide_model():
+    """Wider than :func:`model` (2 x 64 units): large enough for torch to split its matrix
+    products and sums over threads."""
+    torch.manual_seed(0)
+    return pyrobnn.BayesianModel(
+        pyrobnn.MLP(1, 1, hidden=(64, 64)), pyrobnn.GaussianLikelihood(scale=dist.LogNormal(math.log(0.1), 0.5)), pyrobnn.NormalPrior(1.0)
+    )

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import HERE
+from fault_tools import HERE
 
 CHILD = r"""
 import json, os, signal, sys, time, warnings

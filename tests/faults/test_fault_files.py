@@ -10,15 +10,15 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 
 import pytest
 import torch
 
 import pyrobnn
 import pyrobnn.utils.io as io_module
-from conftest import HERE, run_child, start_child, user_namespaces, wait_for
+from fault_tools import HERE, run_child, start_child, user_namespaces, wait_for
 from fault_cases import RUNS, data, draws, model
+from pyrobnn.data import mnist
 from pyrobnn.infer.core.checkpoints import RunCheckpoint
 from pyrobnn.utils.io import WriteError
 
@@ -177,7 +177,7 @@ def test_a_full_disk_in_the_compare_and_data_caches_names_the_file(what, full_di
         if not os.path.isdir(os.path.join(shared_data_dir, "MNIST")):
             pytest.skip(f"no MNIST under {shared_data_dir} (set PYROBNN_DATA)")
         with pytest.raises(WriteError, match="could not write .*: no space left on the device"):
-            pyrobnn.data.mnist(shared_data_dir, train=False, subset=10, cache=str(full_disk))
+            mnist(shared_data_dir, train=False, subset=10, cache=str(full_disk))
 
 
 # ------------------------------------------------------------------ a real full disk
@@ -249,6 +249,7 @@ def test_a_real_full_disk_during_a_save(tmp_path):
     assert out["earlier_loads"] and out["left"] == ["small.pt"], out
 
 
+@pytest.mark.slow
 @needs_tmpfs
 @pytest.mark.fault(
     fault="a real full disk (a 64 KB tmpfs) under a NUTS run that checkpoints after every draw",
@@ -263,6 +264,7 @@ def test_a_real_full_disk_under_a_checkpointed_run(tmp_path):
     assert out["file_loads"] is None or 0 < out["file_loads"] < 170
 
 
+@pytest.mark.slow
 @needs_tmpfs
 @pytest.mark.fault(
     fault="a real full disk (a 1 MB tmpfs, filled) as the native kernels' cache while they build",

@@ -8,7 +8,7 @@ import resource
 
 import pytest
 
-from conftest import run_child
+from fault_tools import run_child
 
 # under an address-space limit (ulimit -v): what the machine has is then what is left of it
 CHILD = r"""
@@ -46,6 +46,8 @@ CASES = {
     "Laplace: the full Hessian": "hessian='kron' or 'diag', or subset='last_layer'",
     "predict within the limit, chunks left to pyrobnn": None,
 }
+#: the default run takes two; the slow marker the rest
+SLOW = ("predict: sample_batch_size", "predict within the limit, chunks left to pyrobnn")
 
 
 @pytest.mark.fault(
@@ -53,7 +55,7 @@ CASES = {
     survives="the process: a MemoryBudgetError naming the argument that bounds the memory, before allocating; with the chunks left to pyrobnn the same limit is kept",
     bound="-",
 )
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
 def test_too_much_memory_is_refused_naming_the_knob(case):
     if not hasattr(resource, "RLIMIT_AS") or not os.path.exists("/proc/self/status"):
         pytest.skip("no address-space limit on this system")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import pyrobnn
-from conftest import run_child, start_child, wait_for
+from fault_tools import run_child, start_child, wait_for
 from fault_cases import RUNS, data, draws, fit, model
 
 # the child sends the signal to itself at the end of iteration ``at`` (a real signal through the
@@ -142,3 +142,33 @@ def test_a_scheduler_s_sigterm_ends_a_long_run_within_seconds_with_its_state_wri
     saved = torch.load(path, weights_only=True)
     assert saved["count"] == saved["state"]["iteration"] > 5  # the state at the signal, past the last periodic write
     assert os.listdir(tmp_path) == ["long.ckpt"]  # no temporary file left
+
+
+@pytest.mark.fault(
+    fault="a second SIGINT while a run is already stopping; a SIGTERM that comes after a run's last iteration",
+    survives="the user's intent: the second signal stops at once (KeyboardInterrupt); the late one is passed on, not swallowed",
+    bound="-",
+)
+def test_a_second_signal_stops_at_once_and_a_late_one_is_passed_on():
+    from pyrobnn.infer.core.interrupts import stop_signals
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        with stop_signals() as request:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert request.signal_name == "SIGINT"  # the first is recorded, the run goes on
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+            raise AssertionError("the second SIGINT did not stop the block")
+    assert not isinstance(info.value, AssertionError)
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with stop_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        time.sleep(0.05)
+        assert seen == [signal.SIGTERM]  # passed on to the handler that was there before
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
