@@ -38,6 +38,7 @@ extensions = [
     "method_tables",
     "public_names",
     "layers_figure",
+    "fault_table",
 ]
 
 exclude_patterns = ["_build", "_generated", "jupyter_execute", ".jupyter_cache", "**.ipynb_checkpoints"]
