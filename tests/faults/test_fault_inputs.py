@@ -89,7 +89,12 @@ def test_a_loader_of_the_wrong_items_is_answered_by_name(kind, where, tmp_path):
     survives="the parameters from before the overflowing update, bit for bit (it is undone); a NonFiniteLossError saying so",
     bound="-",
 )
-def test_an_overflowing_learning_rate_leaves_the_last_finite_parameters():
+@pytest.mark.parametrize("path", ["host read (CPU)", "on the device (accelerators)"])
+def test_an_overflowing_learning_rate_leaves_the_last_finite_parameters(path, monkeypatch):
+    from pyrobnn.infer.core.failures import OverflowGuard
+
+    if path != "host read (CPU)":
+        monkeypatch.setattr(OverflowGuard, "HOST_READ_DEVICES", ())
     x, y = data()
     m = model()
     guide = pyrobnn.MeanFieldNormal(m)

@@ -172,3 +172,43 @@ def test_a_second_signal_stops_at_once_and_a_late_one_is_passed_on():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+MID_EPOCH = r"""
+import json, os, signal, sys, torch
+torch.set_num_threads(1)
+import fault_cases as c, pyrobnn
+from pyrobnn.infer.core import interrupts
+from pyrobnn.infer.core.interrupts import RunInterrupted
+from pyrobnn.infer.modes import ensemble
+interrupts.GRACE_SECONDS = 0.0  # an epoch that would take longer than the grace to finish
+calls = []
+real = ensemble.minibatch_log_joint
+def counted(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 22:  # the second batch of epoch 6 (4 batches an epoch)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+ensemble.minibatch_log_joint = counted
+x, y = c.data()
+try:
+    c.RUNS["ensemble"](c.model(), x, y, progress=False, checkpoint=pyrobnn.Checkpointing(sys.argv[1], every=1))
+except RunInterrupted as e:
+    print(json.dumps({"message": str(e), "done": e.done}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.fault(
+    fault="SIGTERM in the middle of an ensemble epoch that would outlast the grace period",
+    survives="the state of the last whole epoch (the partial epoch is run again); the same call resumes to the uninterrupted members bit for bit",
+    bound="stops at the next batch",
+)
+def test_a_stop_inside_a_long_epoch_goes_back_to_the_last_whole_epoch(tmp_path):
+    path = tmp_path / "ensemble.ckpt"
+    out = json.loads(run_child(MID_EPOCH, path).stdout.strip().splitlines()[-1])
+    assert out["done"] == 5 and "stopped by SIGTERM after 5 epochs; its state after 5 epochs is in" in out["message"], out
+    x, y = data()
+    whole = RUNS["ensemble"](model(), x, y, progress=False)
+    resumed = RUNS["ensemble"](model(), x, y, progress=False, checkpoint=pyrobnn.Checkpointing(path, every=1))
+    _compare(draws(whole), draws(resumed))

@@ -36,7 +36,7 @@ class StepFailures:
     """The first failed training step since the last check, recorded on the device without a
     host synchronization: a batch with bad values, a non-finite loss, a non-finite gradient, or
     an update that made a parameter non-finite (a learning rate too large for the gradient: the
-    step overflowed; the trainer puts the parameters back, :func:`undo_overflow`). ``failed``
+    step overflowed; the trainer puts the parameters back, :meth:`OverflowGuard.undo_overflow`). ``failed``
     is a 0-d boolean tensor that a fused optimizer takes as ``found_inf`` (the update is skipped,
     and so is every later one until :meth:`raise_if_any`), so the parameters stay those from
     before the first failed step."""
@@ -140,15 +140,21 @@ def grads_not_finite(params):
 
 
 def not_finite(tensors):
-    """A 0-d device tensor: whether any of ``tensors`` holds a NaN or an infinity (no sync).
-    Exact for every finite magnitude (each tensor times zero is zero unless it holds one)."""
-    return ~torch.isfinite(torch.stack(torch._foreach_norm(torch._foreach_mul(tensors, 0.0))).sum())
+    """A 0-d device tensor: whether any of ``tensors`` holds a NaN or an infinity (no sync): the
+    sum of their sums is finite unless one does (or unless the values are within a factor of
+    the number of entries of the largest float: far past any weight)."""
+    return ~torch.isfinite(torch.stack([t.sum() for t in tensors]).sum())
 
 
 class OverflowGuard:
     """The parameters before each update, so that an update that makes one non-finite (it
-    overflowed: a learning rate too large for the gradient) is undone on the device, with no
-    host synchronization: one copy of the parameters kept, one copy per step."""
+    overflowed: a learning rate too large for the gradient) is undone: one copy of the
+    parameters kept, one copy per step. On the CPU the check is read at once (reading it costs
+    nothing there) and the copy put back only when needed; on an accelerator the parameters are
+    put back on the device, with no host synchronization."""
+
+    #: devices whose check is read on the host at once (nothing to wait for there)
+    HOST_READ_DEVICES = ("cpu",)
 
     def __init__(self, params):
         self.params = [p.detach() for p in params]
@@ -159,8 +165,14 @@ class OverflowGuard:
 
     def undo_overflow(self):
         """Put back the parameters saved last where the update made any non-finite; returns
-        that 0-d flag."""
+        that 0-d flag, or ``None`` on the CPU when every parameter is finite (nothing to
+        record)."""
         bad = not_finite(self.params)
+        if bad.device.type in self.HOST_READ_DEVICES:
+            if not bool(bad):
+                return None
+            torch._foreach_copy_(self.params, self.before)
+            return bad
         for p, b in zip(self.params, self.before):
             p.copy_(torch.where(bad, b, p))
         return bad

@@ -237,7 +237,8 @@ class SVITrainer:
             self.optimizer.step()
         with torch.no_grad():
             bad_update = self._guard.undo_overflow()
-        self.failures.record(self.history.steps, self.epoch, None, torch.zeros_like(bad_update), torch.zeros_like(bad_update), value, bad_update)
+        if bad_update is not None:
+            self.failures.record(self.history.steps, self.epoch, None, torch.zeros_like(bad_update), torch.zeros_like(bad_update), value, bad_update)
         self.history.steps += 1
         return value, nll.detach(), kl.detach(), beta
 
