@@ -31,6 +31,7 @@ def test_demo_command(tmp_path):
     assert "| test RMSE |" in stdout
 
 
+@pytest.mark.slow  # 11 s: an example script's quick mode (the demo and the compare CLI stay in the default run)
 def test_regression_example(tmp_path):
     stdout = run([sys.executable, os.path.join(ROOT, "examples", "regression.py"), "--quick", "--out", "r.png"], tmp_path)
     result = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
@@ -38,6 +39,7 @@ def test_regression_example(tmp_path):
     assert (tmp_path / "r.png").exists()
 
 
+@pytest.mark.slow  # 11 s: an example script's quick mode (the demo and the compare CLI stay in the default run)
 def test_classification_example(tmp_path):
     stdout = run([sys.executable, os.path.join(ROOT, "examples", "classification.py"), "--quick", "--out", "c.png"], tmp_path)
     result = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])

@@ -210,6 +210,7 @@ def test_exp_link_heteroscedastic_likelihood_clips_the_scale():
         pyrobnn.HeteroscedasticGaussianLikelihood(min_scale=-1)
 
 
+@pytest.mark.slow  # 10-15 s: spawned processes
 def test_members_trained_in_two_processes_follow_their_one_process_paths():
     """Four members with early stopping at different epochs, trained in two processes of two:
     the same members, statistics and loss history as in one process."""
@@ -225,6 +226,7 @@ def test_members_trained_in_two_processes_follow_their_one_process_paths():
     torch.testing.assert_close(two.history, one.history, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.slow  # 10-15 s: spawned processes
 def test_chains_in_two_processes_are_the_groups_run_alone():
     """NUTS and MCLMC with num_processes=2: the starting positions are the one-process ones and
     group i is exactly the sampler run on its chains with the seed seed + i."""

@@ -71,6 +71,7 @@ def union_reference():
     return guide, model, losses
 
 
+@pytest.mark.slow  # 18 s: two spawned DDP ranks (the default run keeps the one-process Lightning tests)
 def test_two_ddp_processes_equal_one_process_on_the_union_of_their_batches(tmp_path):
     guide_ref, model_ref, ref_losses = union_reference()
     model, guide = near_deterministic_bnn()
@@ -134,6 +135,7 @@ def ensemble_model():
     return pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.3), pyrobnn.NormalPrior(1.0))
 
 
+@pytest.mark.slow  # 18 s: two spawned DDP ranks (the default run keeps the one-process Lightning tests)
 def test_ensemble_members_under_two_ddp_processes_take_the_union_batchs_steps(tmp_path):
     """Three members, MAP objective: two gloo processes end where one process ends that takes
     every step on the union of the ranks' batches with deep_ensemble's loss."""

@@ -31,6 +31,7 @@ def run_example(name, args, data, tmp_path):
     return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
 
 
+@pytest.mark.slow  # 12-14 s: an MNIST example's quick mode
 def test_sparse_vd_quick_prunes_and_exports(mnist_data, tmp_path):
     r = run_example("mnist_sparse_vd.py", ["--results", "results.json", "--export", "net.pt"], mnist_data, tmp_path)
     assert r["error"] < 50.0  # chance: 90% error
@@ -41,6 +42,7 @@ def test_sparse_vd_quick_prunes_and_exports(mnist_data, tmp_path):
     assert (tmp_path / "net.pt").stat().st_size > 0
 
 
+@pytest.mark.slow  # 12-14 s: an MNIST example's quick mode
 def test_bbb_quick_and_snr_pruning(mnist_data, tmp_path):
     r = run_example("mnist_bbb.py", ["--validation", "1000", "--seed", "1", "--results", "results.json"], mnist_data, tmp_path)
     assert r["error"] < 30.0
