@@ -3,6 +3,7 @@ whether this machine can mount a small tmpfs for a real full disk."""
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -10,11 +11,19 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def foreground_signals():
+    """In a child before it runs: SIGINT back to its default, as in a process started from a
+    terminal (a test run started in the background from a script ignores SIGINT, and its children
+    would inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_child(code: str, *args, env=None, timeout=300, check=True):
     """Run ``code`` in a fresh Python process (one torch thread, this suite's folder on the path);
     returns the CompletedProcess."""
     full_env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
-    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=full_env, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=full_env, timeout=timeout,
+                          preexec_fn=foreground_signals)
     if check and proc.returncode != 0:
         raise AssertionError(f"child exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -22,7 +31,7 @@ def run_child(code: str, *args, env=None, timeout=300, check=True):
 
 def start_child(code: str, *args, env=None, **kwargs):
     full_env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=full_env, **kwargs)
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=full_env, preexec_fn=foreground_signals, **kwargs)
 
 
 def wait_for(predicate, timeout: float, what: str, proc=None):

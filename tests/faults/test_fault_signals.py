@@ -152,6 +152,22 @@ def test_a_scheduler_s_sigterm_ends_a_long_run_within_seconds_with_its_state_wri
 def test_a_second_signal_stops_at_once_and_a_late_one_is_passed_on():
     from pyrobnn.infer.core.interrupts import stop_signals
 
+    # Python's own SIGINT handler, as in a foreground process (a job started with & from a
+    # script ignores SIGINT, and so does a run inside it: tested below)
+    original = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _second_and_late_signals(stop_signals)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with stop_signals() as request:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert not request.requested  # an ignored signal stays ignored
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, original)
+
+
+def _second_and_late_signals(stop_signals):
     with pytest.raises(KeyboardInterrupt) as info:
         with stop_signals() as request:
             os.kill(os.getpid(), signal.SIGINT)

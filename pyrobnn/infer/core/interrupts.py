@@ -9,9 +9,11 @@ end for at most :data:`GRACE_SECONDS` after the signal, else stops where it is a
 state the resumed run starts from (the one written last). A second signal stops at once (the
 previous handler runs: a ``KeyboardInterrupt`` for SIGINT, the process's default for SIGTERM).
 
-Handlers are installed only in the main thread (Python delivers signals there) and only for the
-run's duration; a signal that arrives after the loop's last iteration is passed on to the
-previous handler when the run returns, so that nothing the user asked for is swallowed.
+Handlers are installed only in the main thread (Python delivers signals there), only for the
+run's duration, and not for a signal the process ignores (a job started with ``nohup`` or ``&``
+from a script ignores SIGINT: it stays ignored); a signal that arrives after the loop's last
+iteration is passed on to the previous handler when the run returns, so that nothing the user
+asked for is swallowed.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def stop_signals(enabled: bool = True):
         yield request
         return
     previous = {s: signal.getsignal(s) for s in _SIGNALS}
+    previous = {s: h for s, h in previous.items() if h is not signal.SIG_IGN}
 
     def restore():
         for s, handler in previous.items():
@@ -88,7 +91,7 @@ def stop_signals(enabled: bool = True):
             return
         request.signum, request.time = signum, time.monotonic()
 
-    for s in _SIGNALS:
+    for s in previous:
         signal.signal(s, handler)
     try:
         yield request
