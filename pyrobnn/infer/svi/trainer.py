@@ -440,6 +440,7 @@ class SVITrainer:
         start_time = time.perf_counter() - (self.history.seconds[-1] if self.history.seconds else 0.0)
         last_write = time.monotonic()
         written = self.epoch if resume and checkpoint is not None and os.path.exists(checkpoint.path) else None
+        write_failed = False
         with stop_signals(checkpoint is not None) as stop:
             try:
                 while self.epoch < epochs:
@@ -475,10 +476,12 @@ class SVITrainer:
                     if checkpoint is not None and (self.epoch == epochs or stop.requested or checkpoint.due(self.epoch, last_write)):
                         try:
                             self.save_checkpoint(checkpoint.path)
-                            written = self.epoch
+                            written, write_failed = self.epoch, False
                         except WriteError as e:  # the run goes on; the file keeps its earlier state
-                            held = f"it holds epoch {written}" if written is not None else "no state is saved"
-                            warnings.warn(f"SVI: the state after epoch {self.epoch} was not saved: {e}; training goes on ({held}), and the next write tries again", stacklevel=2)
+                            if not write_failed:  # once until a write succeeds again
+                                held = f"it holds epoch {written}" if written is not None else "no state is saved"
+                                warnings.warn(f"SVI: the state after epoch {self.epoch} was not saved: {e}; training goes on ({held}), and each later write tries again", stacklevel=2)
+                            write_failed = True
                         last_write = time.monotonic()
                     if stop.requested:
                         raise self._interrupted(stop, checkpoint, written, f"epoch {self.epoch}")
