@@ -11,6 +11,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def child_env(env=None) -> dict:
+    """This process's environment with the suite's folder on ``PYTHONPATH`` (the children import
+    ``fault_cases``), and ``env`` on top."""
+    return dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+
+
 def foreground_signals():
     """In a child before it runs: SIGINT back to its default, as in a process started from a
     terminal (a test run started in the background from a script ignores SIGINT, and its children
@@ -21,7 +27,7 @@ def foreground_signals():
 def run_child(code: str, *args, env=None, timeout=300, check=True):
     """Run ``code`` in a fresh Python process (one torch thread, this suite's folder on the path);
     returns the CompletedProcess."""
-    full_env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+    full_env = child_env(env)
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=full_env, timeout=timeout,
                           preexec_fn=foreground_signals)
     if check and proc.returncode != 0:
@@ -30,7 +36,7 @@ def run_child(code: str, *args, env=None, timeout=300, check=True):
 
 
 def start_child(code: str, *args, env=None, **kwargs):
-    full_env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+    full_env = child_env(env)
     return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=full_env, preexec_fn=foreground_signals, **kwargs)
 
 

@@ -2,14 +2,13 @@
 names the rank (no hang), and it resumes from its last checkpoint."""
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 
-from fault_tools import HERE
+from fault_tools import child_env
 
 CHILD = r"""
 import json, os, signal, sys, time, warnings
@@ -79,7 +78,7 @@ def test_a_failed_ddp_rank_ends_the_run_naming_it_and_the_run_resumes(how, tmp_p
     start = time.monotonic()
     script = tmp_path / "ddp_run.py"  # a file, not -c: the spawned ranks import the main module
     script.write_text(CHILD)
-    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     proc = subprocess.run([sys.executable, str(script), "raise" if how == "raise" else "kill", str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ import torch
 
 import pyrobnn
 import pyrobnn.utils.io as io_module
-from fault_tools import HERE, run_child, start_child, user_namespaces, wait_for
+from fault_tools import child_env, run_child, start_child, user_namespaces, wait_for
 from fault_cases import RUNS, data, draws, model
 from pyrobnn.data import mnist
 from pyrobnn.infer.core.checkpoints import RunCheckpoint
@@ -229,7 +229,7 @@ def _in_a_small_tmpfs(tmp_path, what, size):
     folder = tmp_path / "disk"
     folder.mkdir()
     shell = f"mount -t tmpfs -o size={size} tmpfs {folder} && exec {sys.executable} -c \"$0\" \"$@\""
-    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     proc = subprocess.run(["unshare", "-rm", "sh", "-c", shell, FULL, what, str(folder)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -11,14 +11,14 @@ import sys
 import pytest
 import torch
 
-from fault_tools import HERE, run_child
+from fault_tools import child_env, run_child
 from fault_cases import RUNS, data, draws, wide_model
 from pyrobnn.data import mnist
 
 
 def _together(code, args_list, env=None, timeout=600):
     """Start one process per argument list at once; wait for all; their stdout lines as JSON."""
-    full_env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+    full_env = child_env(env)
     procs = [subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
              for args in args_list]
     outs = []
