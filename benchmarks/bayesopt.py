@@ -38,7 +38,7 @@ FULL = dict(problems=["branin", "hartmann6", "ackley10", "levy20"], seeds=3, n_i
             raw_samples=256, num_samples=32)
 METHODS = ["random", "gp", "laplace_bayesopt", "nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"]
 
-#: the pyrobnn methods' options at each budget (merged over pyrobnn.integrations.botorch.BO_OPTIONS)
+#: the pyrobnn methods' options at each budget (merged over each method's bo_options in pyrobnn.methods)
 OPTIONS = {
     "quick": {
         "nuts": dict(num_samples=16, num_warmup=100, num_chains=2, max_tree_depth=5),

@@ -4,11 +4,14 @@ documentation.
 
 Every method is a function ``method(model, x, y, *, ...)`` that returns a result satisfying
 :class:`~pyrobnn.infer.results.protocol.Result`. Its :class:`MethodSpec` says what it takes
-(:class:`Support`: the likelihoods and priors it is defined for) and the smallest budgets it
-accepts (``budgets``: argument -> least value). A method calls :func:`refuse_unsupported` and
-:func:`check_budget` at its start, before any work, so that what it refuses, the message that
-says so, and the table a user reads beforehand come from one declaration and cannot drift
-apart.
+(:class:`Support`: the likelihoods and priors it is defined for), what its arguments may be
+(``constraints``, from :mod:`pyrobnn.utils.constraints`: the smallest budgets, ranges, options;
+``rules`` for what one argument requires of another) and what it knows of its own use: the
+options it runs with as a Bayesian-optimization surrogate (``bo_options``) and how a refit starts
+from its previous result (:class:`WarmStart`). A method decorated with :func:`checked` is refused
+at the call, before any work, by that declaration (:meth:`MethodSpec.check`), so that what it
+refuses, the message that says so, and the table a user reads beforehand come from one
+declaration and cannot drift apart.
 
 The network is never a reason for a refusal: every method takes any ``nn.Module`` (a user's
 CNN, a custom ``forward``, ``nn.Dropout``, batch normalization), evaluated as
@@ -17,15 +20,18 @@ CNN, a custom ``forward``, ``nn.Dropout``, batch normalization), evaluated as
 
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from pyrobnn.utils.constraints import Budget, Constraint
+
 __all__ = [
-    "Support", "MethodSpec", "UnsupportedModelError", "METHODS", "LIKELIHOODS", "PRIORS", "NETWORK_EVALUATION", "LATENT_ONLY",
-    "latent_only_support",
-    "register", "spec", "likelihood_kind", "prior_kind", "supports", "refuse_unsupported", "check_budget",
-    "support_table",
+    "Support", "MethodSpec", "WarmStart", "UnsupportedModelError", "METHODS", "LIKELIHOODS", "PRIORS", "NETWORK_EVALUATION",
+    "LATENT_ONLY", "latent_only_support", "register", "spec", "checked", "likelihood_kind", "prior_kind", "supports",
+    "refuse_unsupported", "check_budget", "scaled_budget", "support_table",
 ]
 
 #: the likelihood kinds a declaration names, with what each is
@@ -93,6 +99,63 @@ def latent_only_support(**kwargs) -> Support:
     return Support(likelihoods=tuple(k for k in likelihoods if k != "gaussian_learned"), reasons=reasons, **kwargs)
 
 
+def scaled_budget(value, fraction: float):
+    """A budget (or a tuple of them: MCLMC's phases) cut to ``fraction`` of itself, at least 1."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(max(1, round(v * fraction)) for v in value)
+    return max(1, round(value * fraction))
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """How a refit starts from the previous result of the same method on more data (Bayesian
+    optimization's refits, :mod:`pyrobnn.integrations.botorch`), declared beside the method so
+    that the conformance suite catches a renamed option.
+
+    :ivar init: the option that takes the previous result (its last draws, its members).
+    :ivar count: the option set to the previous result's number of chains or members
+        (``None``: none).
+    :ivar scaled: the budgets cut to the refit's fraction of the cold fit's (tuning and training
+        budgets: a sampler's warm-up, an ensemble's epochs), from the options or else the
+        method's default.
+    :ivar prepare: ``prepare(model, previous, x, y, options, fraction, seed) -> options`` in place
+        of the above, for a method that needs more (a MAP trained from the previous one first).
+    :ivar names: the options ``prepare`` sets, for the conformance suite's check.
+    """
+
+    init: Optional[str] = "init"
+    count: Optional[str] = None
+    scaled: tuple = ()
+    prepare: Optional[Callable] = None
+    names: tuple = ()
+
+    def option_names(self) -> set:
+        """Every option this warm start sets or reads (``names`` alone, with ``prepare``)."""
+        if self.prepare is not None:
+            return set(self.names)
+        return {n for n in (self.init, self.count) if n} | set(self.scaled)
+
+    def options(self, method: "MethodSpec", model, previous, x, y, options: dict, fraction: float, seed: int) -> dict:
+        """The refit's options: ``options`` started from ``previous`` with ``fraction`` of the cold
+        fit's budgets (each still at least the method's smallest)."""
+        if self.prepare is not None:
+            warm = self.prepare(model, previous, x, y, dict(options), fraction, seed)
+        else:
+            warm = dict(options)
+            if self.init:
+                warm[self.init] = previous
+            if self.count:
+                warm[self.count] = previous.num_chains
+            defaults = inspect.signature(method.run).parameters
+            for name in self.scaled:
+                warm[name] = scaled_budget(options.get(name, defaults[name].default), fraction)
+        for name, least in method.budgets.items():  # a scaled budget stays one the method takes
+            value = warm.get(name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                warm[name] = max(least, value)
+        return warm
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """One registered method.
@@ -102,12 +165,22 @@ class MethodSpec:
     :ivar family: the :data:`~pyrobnn.infer.results.protocol.FAMILIES` key of its results.
     :ivar run: ``run(model, x, y, **options) -> Result``.
     :ivar support: what it takes (:class:`Support`).
-    :ivar budgets: ``{argument: smallest accepted value}``; a call below is refused at once.
+    :ivar budgets: ``{argument: smallest accepted value}`` of its integer budgets; a call below
+        is refused at once. Given here, each becomes a :class:`~pyrobnn.utils.constraints.Budget`
+        among the ``constraints``; read back, it lists every budget the constraints hold.
+    :ivar constraints: ``{argument: Constraint}``: what each argument may be
+        (:mod:`pyrobnn.utils.constraints`), checked by :meth:`check`.
+    :ivar rules: checks across arguments, ``rule(options) -> message or None``, run after the
+        constraints (``num_samples`` at least ``thinning``).
     :ivar quick: options that keep a run of the conformance suite short (merged with the
         smallest budgets).
     :ivar seeded: the argument that seeds a run (every registered method has one).
     :ivar bounded_memory: whether fitting's memory grows with the batch and not with the data set
         (``False`` states where a method cannot bound it, and why: ``unbounded_because``).
+    :ivar bo_options: the options it runs with as a Bayesian-optimization surrogate (small
+        budgets for 10-200 points), under the user's.
+    :ivar warm_start: how a refit starts from its previous result (:class:`WarmStart`;
+        ``None``: a refit starts cold).
     """
 
     key: str
@@ -120,10 +193,52 @@ class MethodSpec:
     seeded: str = "seed"
     bounded_memory: bool = True
     unbounded_because: str = ""
+    constraints: dict = field(default_factory=dict)
+    rules: tuple = ()
+    bo_options: dict = field(default_factory=dict)
+    warm_start: Optional[WarmStart] = None
 
-    def smallest_options(self) -> dict:
-        """The conformance suite's options: ``quick`` with every budget at its smallest value."""
-        return {**self.quick, **self.budgets}
+    def __post_init__(self):
+        merged = {name: Budget(least) for name, least in self.budgets.items()}
+        merged.update(self.constraints)
+        bad = [name for name, c in merged.items() if not isinstance(c, Constraint)]
+        if bad:
+            raise TypeError(f"the constraints of {self.key} on {bad} are not Constraints (pyrobnn.utils.constraints)")
+        object.__setattr__(self, "constraints", merged)
+        object.__setattr__(self, "budgets", {name: c.least for name, c in merged.items() if c.least is not None})
+
+    def check(self, model, options: dict) -> None:
+        """Refuse, before any work, a model the method is not defined for
+        (:func:`refuse_unsupported`) and any of ``options`` its constraints and rules do not
+        take, naming the argument, what it must be and what it got."""
+        refuse_unsupported(self.key, model)
+        for name, constraint in self.constraints.items():
+            if name in options:
+                message = constraint.error(self.key, name, options[name])
+                if message is not None:
+                    raise ValueError(message)
+        for rule in self.rules:
+            message = rule(options)
+            if message is not None:
+                raise ValueError(message)
+
+    def check_call(self, model, *args, **kwargs) -> None:
+        """:meth:`check` on the options of the call ``run(model, *args, **kwargs)``, its defaults
+        filled in (the options of a ``**kwargs`` parameter among them)."""
+        bound = _signature(self.run).bind(model, *args, **kwargs)
+        bound.apply_defaults()
+        options = {}
+        for name, value in list(bound.arguments.items())[1:]:
+            if _signature(self.run).parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                options.update(value)
+            else:
+                options[name] = value
+        self.check(model, options)
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn) -> inspect.Signature:
+    return inspect.signature(fn)
 
 
 #: the registered methods, by key, in registration order
@@ -232,9 +347,25 @@ def refuse_unsupported(key: str, model, what: Optional[str] = None) -> None:
 def check_budget(key: str, name: str, value) -> None:
     """Refuse ``value`` for the budget argument ``name`` of method ``key`` unless it is an
     integer at least the declared smallest value."""
-    least = spec(key).budgets[name]
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{key}: {name} must be an integer >= {least}, got {value!r}")
+    message = spec(key).constraints[name].error(key, name, value)
+    if message is not None:
+        raise ValueError(message)
+
+
+def checked(key: str):
+    """Decorate the method registered as ``key``: every call is checked by its declaration
+    (:meth:`MethodSpec.check`: the model's kind, the constraints, the rules) before the method
+    runs. The registration may follow the definition (it is looked up at the call)."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def method(*args, **kwargs):
+            spec(key).check_call(*args, **kwargs)
+            return fn(*args, **kwargs)
+
+        return method
+
+    return decorate
 
 
 def support_table() -> list:

@@ -20,6 +20,9 @@ same checks on the same cases:
   draws twice in one process (and, with :func:`check_fresh_process`, in a fresh process);
 - **budgets** (:func:`check_budgets`): every declared smallest budget runs, and one below it is
   refused at the call naming the argument;
+- **declaration** (:func:`check_declaration`): every argument the method's declaration names (its
+  constraints, Bayesian-optimization options, quick options, warm start) is a parameter of the
+  method, so a renamed option fails here and not in a user's refit;
 - **memory** (:func:`check_memory`): on a CNN, the peak of live tensor memory
   (:class:`TensorMemory`) of fitting and of predicting grows with the batch, not with the number
   of training or test points.
@@ -66,7 +69,7 @@ from pyrobnn.utils.validation import as_tensor, check_forward
 
 __all__ = [
     "Case", "CASES", "build_case", "method_prior", "check_method", "check_refusal", "check_determinism", "check_fresh_process", "check_budgets",
-    "check_memory", "TensorMemory", "parametrize_with_checks", "conformance_matrix", "checks",
+    "check_declaration", "check_memory", "TensorMemory", "parametrize_with_checks", "conformance_matrix", "checks",
 ]
 
 N_TRAIN, N_TEST = 48, 9
@@ -405,6 +408,29 @@ def check_budgets(key: str, case: str = "targets_1d") -> None:
             _fail(key, case, f"{name}={least - 1}, below the declared smallest {least}, was not refused")
 
 
+def check_declaration(key: str) -> None:
+    """Every option the declaration of ``key`` names (constraints, rules aside; ``bo_options``;
+    ``quick``; its :class:`~pyrobnn.methods.WarmStart`) is a parameter of the method, and its
+    ``bo_options`` pass its own constraints."""
+    import inspect
+
+    spec = methods.spec(key)
+    parameters = inspect.signature(spec.run).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    named = {"constraints": set(spec.constraints), "bo_options": set(spec.bo_options), "quick": set(spec.quick)}
+    if spec.warm_start is not None:
+        named["warm_start"] = spec.warm_start.option_names()
+    for where, names in named.items():
+        unknown = sorted(n for n in names if n not in parameters)
+        if unknown and not takes_any:
+            _fail(key, "declaration", f"its {where} name {unknown}, which are not parameters of {spec.run.__name__}")
+    for name, value in spec.bo_options.items():
+        constraint = spec.constraints.get(name)
+        message = constraint.error(key, name, value) if constraint is not None else None
+        if message is not None:
+            _fail(key, "declaration", f"its bo_options are refused by its own constraints: {message}")
+
+
 def _storage(t):
     """``(storage, data pointer)`` of a tensor with a plain storage, else ``(None, None)``
     (a non-tensor, or a wrapper without one)."""
@@ -498,6 +524,7 @@ def checks(method_keys=None, case_names=None) -> list:
             out.append((f"{key}-{name}", lambda key=key, name=name: check_method(key, name)))
         out.append((f"{key}-determinism", lambda key=key: check_determinism(key)))
         out.append((f"{key}-budgets", lambda key=key: check_budgets(key)))
+        out.append((f"{key}-declaration", lambda key=key: check_declaration(key)))
     return out
 
 

@@ -204,8 +204,8 @@ def test_smile_step_stays_on_the_device(precondition, tune, L):
 def test_sgld_and_sghmc_steps_stay_on_the_device():
     z = torch.randn(4, 10, device=META)
     grad = torch.randn(4, 10, device=META)
-    assert sgld_step(z, grad, 1e-3).device == META
-    z2, v2 = sghmc_step(z, torch.zeros_like(z), grad, 1e-3, 0.1)
+    assert sgld_step(z, grad, 1e-3, torch.randn(4, 10, device=META)).device == META
+    z2, v2 = sghmc_step(z, torch.zeros_like(z), grad, 1e-3, 0.1, torch.randn(4, 10, device=META))
     assert z2.device == v2.device == META
 
 

@@ -178,7 +178,7 @@ def test_the_graph_reader_sees_a_cycle_and_an_upward_import():
     assert upward(graph) == [("pyrobnn.utils.a", "pyrobnn.infer.core.b")]
     real = edges(modules())
     assert "pyrobnn.infer.results.protocol" in real["pyrobnn.infer.results.posterior"]
-    assert "pyrobnn.infer.core.potential" in real["pyrobnn.infer.mcmc.runner"]
+    assert "pyrobnn.infer.core.potential" in real["pyrobnn.infer.core.runner"]
 
 
 def main() -> None:

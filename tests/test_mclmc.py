@@ -8,7 +8,9 @@ import torch
 
 from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
 from pyrobnn.infer.mcmc.samplers import mclmc
-from pyrobnn.infer.mcmc.mclmc_kernel import mclmc_init, mclmc_step, sample_mclmc
+from pyrobnn.infer.core.kernel import FullBatch
+from pyrobnn.infer.core.runner import run_chains
+from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCAdaptation, mclmc_init, mclmc_step
 from test_conjugate import bayesian_linear_model, conjugate_problem
 from test_hmc import check_exact_posterior
 
@@ -17,6 +19,13 @@ SCALES = torch.linspace(0.5, 3.0, 20, dtype=torch.float64)
 
 def gaussian(z):
     return 0.5 * ((z / SCALES) ** 2).sum(-1), z / SCALES**2
+
+
+def sample_mclmc(potential, z0, num_samples, num_warmup, *, thinning=1, generator=None, **tuning):
+    """MCLMC on a plain potential, by the one runner: ``(draws, stats)``."""
+    chains = run_chains(MCLMC(), MCLMCAdaptation(num_warmup, **tuning), FullBatch(potential), z0, num_samples=num_samples,
+                        thinning=thinning, generator=generator)
+    return chains.draws, chains.stats
 
 
 def test_effective_sample_size_of_an_ar1_chain():
@@ -40,7 +49,7 @@ def gaussian_moments_z(energy_variance, seed=1, steps=20_000):
     ratios."""
     g = torch.Generator().manual_seed(seed)
     z0 = torch.randn(4, 20, generator=g, dtype=torch.float64) * 3
-    draws, stats = sample_mclmc(gaussian, z0, steps, (2000, 1000, 1000), energy_variance=energy_variance, generator=g, progress=False)
+    draws, stats = sample_mclmc(gaussian, z0, steps, (2000, 1000, 1000), energy_variance=energy_variance, generator=g)
     assert (stats["nonfinite"] == 0).all()
     w = draws.reshape(-1, 20)
     ess = effective_sample_size(draws).sum(0)  # pooled over chains
@@ -122,7 +131,7 @@ def test_a_non_finite_step_is_undone():
 
     g = torch.Generator().manual_seed(4)
     z0 = torch.zeros(2, 20, dtype=torch.float64)
-    draws, stats = sample_mclmc(walled, z0, 2000, (500, 100, 100), step_size=1.0, L=3.0, generator=g, progress=False)
+    draws, stats = sample_mclmc(walled, z0, 2000, (500, 100, 100), step_size=1.0, L=3.0, generator=g)
     assert torch.isfinite(draws).all()
     assert (draws[..., 0].abs() <= 1.5).all()
     assert (stats["nonfinite"] + stats["nonfinite_warmup"]).sum() > 0
@@ -130,11 +139,11 @@ def test_a_non_finite_step_is_undone():
 
 def test_mclmc_refuses_bad_arguments():
     with pytest.raises(ValueError, match="num_samples"):
-        sample_mclmc(gaussian, torch.zeros(1, 20, dtype=torch.float64), 0, (10, 10, 10), progress=False)
+        sample_mclmc(gaussian, torch.zeros(1, 20, dtype=torch.float64), 0, (10, 10, 10))
     with pytest.raises(ValueError, match="thinning"):
-        sample_mclmc(gaussian, torch.zeros(1, 20, dtype=torch.float64), 10, (10, 10, 10), thinning=0, progress=False)
+        sample_mclmc(gaussian, torch.zeros(1, 20, dtype=torch.float64), 10, (10, 10, 10), thinning=0)
     with pytest.raises(ValueError, match="two dimensions"):
-        sample_mclmc(lambda z: (0.5 * (z**2).sum(-1), z), torch.zeros(1, 1), 10, (10, 10, 10), progress=False)
+        sample_mclmc(lambda z: (0.5 * (z**2).sum(-1), z), torch.zeros(1, 1), 10, (10, 10, 10))
     model = bayesian_linear_model()
     X, y, _, _ = conjugate_problem()
     with pytest.raises(ValueError, match=r"mclmc: num_warmup must be an integer >= 0, got -1"):

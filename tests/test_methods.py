@@ -132,3 +132,71 @@ def test_predict_dispatches_on_the_protocol():
     other = build_case("targets_1d")[0]
     with pytest.raises(ValueError, match="belongs to another model object"):
         pyrobnn.predict(other, la, x_test)
+
+
+def test_arguments_are_refused_by_the_declaration_before_any_work(monkeypatch):
+    """The constraints of a method's declaration refuse at the call: nothing is trained first
+    (an ensemble-initialized run checks its sampler's arguments before the ensemble)."""
+    import pyrobnn.infer.ensemble_sampling as ensemble_sampling
+
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(3,)), pyrobnn.GaussianLikelihood(0.1))
+    x, y = torch.randn(8, 1), torch.randn(8)
+    trained = []
+    monkeypatch.setattr(ensemble_sampling, "deep_ensemble", lambda *args, **kwargs: trained.append(kwargs))
+    with pytest.raises(ValueError, match=r"target_accept must be in \(0, 1\), got 1.5"):
+        pyrobnn.ensemble_sampling(model, x, y, sampler="nuts", target_accept=1.5, ensemble_options=dict(num_members=2, max_epochs=1000))
+    assert trained == []
+    for call, message in (
+        (lambda: pyrobnn.nuts(model, x, y, backend="cuda"), r"backend must be one of \('auto', 'native', 'compile', 'eager'\), got 'cuda'"),
+        (lambda: pyrobnn.mclmc(model, x, y, num_warmup=(10, 5)), "mclmc: num_warmup must be a number of steps or the steps of the three tuning phases"),
+        (lambda: pyrobnn.mclmc(model, x, y, num_samples=5, thinning=10), r"num_samples \(5\) must be at least thinning \(10\)"),
+        (lambda: pyrobnn.sgld(model, x, y, num_steps=10, num_burnin=9, thinning=20), "no draws kept: num_steps=10 with thinning=20"),
+        (lambda: pyrobnn.sghmc(model, x, y, friction=0.0), r"friction must be in \(0, 1\], got 0.0"),
+        (lambda: pyrobnn.smile(model, x, y, reset_prob=0.0), r"reset_prob must be a fraction in \(0, 1\], got 0.0"),
+        (lambda: pyrobnn.swag(model, x, y, momentum=1.0), r"momentum must be in \[0, 1\), got 1.0"),
+        (lambda: pyrobnn.ivon(model, x, y, clip_radius=0.0), "clip_radius must be a positive number, got 0.0"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_the_declaration_check_finds_an_option_the_method_does_not_take():
+    """A warm start or Bayesian-optimization option naming a parameter the method lacks (a
+    renamed one) fails the conformance suite's declaration check, as do options the method's own
+    constraints refuse."""
+    from pyrobnn.testing import check_declaration
+
+    nuts = methods.spec("nuts")
+    fakes = {
+        "renamed_warmup": methods.MethodSpec("renamed_warmup", "a test", "mcmc", nuts.run, nuts.support, budgets=nuts.budgets,
+                                             warm_start=methods.WarmStart(init="init", count="num_chains", scaled=("warmup_steps",))),
+        "bad_bo_options": methods.MethodSpec("bad_bo_options", "a test", "mcmc", nuts.run, nuts.support, budgets=nuts.budgets,
+                                             constraints=nuts.constraints, bo_options={"target_accept": 2.0}),
+        "clean": methods.MethodSpec("clean", "a test", "mcmc", nuts.run, nuts.support, budgets=nuts.budgets, constraints=nuts.constraints,
+                                    bo_options=nuts.bo_options, warm_start=nuts.warm_start),
+    }
+    try:
+        for spec in fakes.values():
+            methods.register(spec)
+        with pytest.raises(AssertionError, match=r"its warm_start name \['warmup_steps'\]"):
+            check_declaration("renamed_warmup")
+        with pytest.raises(AssertionError, match="target_accept must be in"):
+            check_declaration("bad_bo_options")
+        check_declaration("clean")
+    finally:
+        for key in fakes:
+            methods.METHODS.pop(key, None)
+
+
+def test_a_warm_start_scales_the_budgets_and_keeps_them_above_the_smallest():
+    class Previous:
+        num_chains = 3
+
+    nuts = methods.spec("nuts")
+    options = nuts.warm_start.options(nuts, None, Previous, None, None, {"num_warmup": 200, "num_samples": 64}, 0.25, 0)
+    assert options == {"num_warmup": 50, "num_samples": 64, "init": Previous, "num_chains": 3}
+    mclmc = methods.spec("mclmc")
+    options = mclmc.warm_start.options(mclmc, None, Previous, None, None, {}, 0.1, 0)  # the default phases, scaled
+    assert options["num_warmup"] == (4000, 500, 500)
+    options = nuts.warm_start.options(nuts, None, Previous, None, None, {"num_warmup": 1}, 0.25, 0)
+    assert options["num_warmup"] == 1  # at least 1 (scaled_budget), and at least the smallest budget (0)

@@ -13,8 +13,8 @@ import torch
 import pyrobnn
 from pyrobnn.infer.mcmc import native
 from pyrobnn.infer.mcmc.samplers import nuts
-from pyrobnn.infer.mcmc.mclmc_kernel import MCLMCState, MCLMCTuning, Stepper
-from pyrobnn.infer.mcmc.nuts_kernel import NUTSState, nuts_step
+from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCState, MCLMCTuning, native_mclmc_step
+from pyrobnn.infer.mcmc.nuts_kernel import NUTS, NUTSSettings, NUTSState, native_nuts_step, nuts_step
 from pyrobnn.infer.core.potential import FlatPotential
 
 if native.build_info()["compiler"] is None:
@@ -101,6 +101,14 @@ def small_bnn(likelihood=None):
     return model, x, y
 
 
+def nuts_transition(target, state, settings, depth, seed, native=None):
+    """One transition on the random numbers of ``seed``: the torch one, or the native one."""
+    randoms = NUTS(depth).randoms(state, settings, torch.Generator().manual_seed(seed))
+    if native is None:
+        return nuts_step(target, state, randoms, settings, depth)
+    return native_nuts_step(native, state, randoms, settings, depth)
+
+
 def test_a_nuts_transition_is_the_torch_one():
     """Same state, step sizes, mass matrices and generator: the native transition follows the
     batched torch code leaf for leaf, including trees that end early inside a subtree."""
@@ -112,16 +120,17 @@ def test_a_nuts_transition_is_the_torch_one():
     step = torch.tensor([0.002, 0.01, 0.03, 0.05, 0.1, 0.5], dtype=F64)
     inv_mass = torch.rand(6, potential.dim, dtype=F64, generator=torch.Generator().manual_seed(2)) + 0.5
     depths = set()
+    settings = NUTSSettings(step, inv_mass)
     for seed in range(4):
-        a, sa = nuts_step(potential.value_and_grad, state, step, inv_mass, 8, torch.Generator().manual_seed(seed))
-        b, sb = nuts_step(kernel.value_and_grad, state, step, inv_mass, 8, torch.Generator().manual_seed(seed), native=kernel)
+        a, sa = nuts_transition(potential.value_and_grad, state, settings, 8, seed)
+        b, sb = nuts_transition(kernel.value_and_grad, state, settings, 8, seed, native=kernel)
         torch.testing.assert_close(b.z, a.z, rtol=1e-9, atol=1e-11)
         torch.testing.assert_close(b.energy, a.energy, rtol=1e-9, atol=1e-9)
         for key in ("tree_depth", "diverging"):
-            assert torch.equal(sb[key], sa[key]), key
-        torch.testing.assert_close(sb["num_steps"], sa["num_steps"])
-        torch.testing.assert_close(sb["accept_prob"], sa["accept_prob"], rtol=1e-9, atol=1e-12)
-        depths |= set(sa["tree_depth"].tolist())
+            assert torch.equal(getattr(sb, key), getattr(sa, key)), key
+        torch.testing.assert_close(sb.num_steps, sa.num_steps)
+        torch.testing.assert_close(sb.accept_prob, sa.accept_prob, rtol=1e-9, atol=1e-12)
+        depths |= set(sa.tree_depth.tolist())
         state = a
     assert len(depths) > 2  # the steps cover short, long and divergent trees
 
@@ -136,10 +145,12 @@ def test_an_mclmc_step_is_the_torch_one():
     # the last chain's step is far too large: non-finite, undone, with a fresh direction
     tuning = MCLMCTuning(torch.tensor([0.01, 0.05, 0.1, 0.3, 1e6], dtype=F64), torch.full((5,), 2.0, dtype=F64),
                          torch.rand(5, potential.dim, dtype=F64) + 0.5)
+    mclmc = MCLMC()
     for _ in range(3):
+        noise = mclmc.randoms(state, tuning, torch.Generator().manual_seed(4))
         with pyro.validation_enabled(False):  # as the samplers run it: a non-finite step is undone, not refused
-            a, da, fa = Stepper(potential.value_and_grad, torch.Generator().manual_seed(4), False)(state, tuning)
-        b, db, fb = Stepper(kernel.value_and_grad, torch.Generator().manual_seed(4), False, kernel)(state, tuning)
+            a, (da, fa) = mclmc.step(state, potential.value_and_grad, noise, tuning)
+        b, (db, fb) = native_mclmc_step(kernel, state, noise, tuning)
         assert torch.equal(fa, fb)
         for name in ("z", "u", "energy", "grad"):
             torch.testing.assert_close(getattr(b, name), getattr(a, name), rtol=1e-9, atol=1e-10)
@@ -275,9 +286,9 @@ def test_chain_groups_on_two_threads_give_the_one_thread_results():
     for a, b in zip(one.value_and_grad(z), two.value_and_grad(z)):
         assert torch.equal(a, b)
     state = NUTSState(z, *one.value_and_grad(z))
-    step, inv_mass = torch.full((8,), 0.01, dtype=F64), torch.ones(8, potential.dim, dtype=F64)
-    a, sa = nuts_step(one.value_and_grad, state, step, inv_mass, 6, torch.Generator().manual_seed(0), native=one)
-    b, sb = nuts_step(two.value_and_grad, state, step, inv_mass, 6, torch.Generator().manual_seed(0), native=two)
-    assert torch.equal(a.z, b.z) and torch.equal(sa["tree_depth"], sb["tree_depth"])
+    settings = NUTSSettings(torch.full((8,), 0.01, dtype=F64), torch.ones(8, potential.dim, dtype=F64))
+    a, sa = nuts_transition(one.value_and_grad, state, settings, 6, 0, native=one)
+    b, sb = nuts_transition(two.value_and_grad, state, settings, 6, 0, native=two)
+    assert torch.equal(a.z, b.z) and torch.equal(sa.tree_depth, sb.tree_depth)
     one.close()
     two.close()

@@ -100,16 +100,16 @@ def test_the_tuner_moves_the_step_size_by_where_the_energy_error_falls_among_its
         return torch.full((z.shape[0],), -change, dtype=z.dtype), torch.zeros_like(z)
 
     state = smile_init(torch.zeros(1, 3, dtype=torch.float64), lambda z: (torch.zeros(1, dtype=z.dtype), torch.zeros_like(z)), 0.1)
-    state.energy_mean, state.energy_sd, state.time = mean, sd, torch.tensor([20.0], dtype=torch.float64)
+    state = state._replace(energy_mean=mean, energy_sd=sd, time=torch.tensor([20.0], dtype=torch.float64))
     new, energy_change, was_reset, finite = smile_step(state, flat, SMILESettings(precondition=False, tune=True), warmup=True)
     assert float(energy_change) == pytest.approx(change)
     assert bool(was_reset) is reset and bool(finite)
     assert float(new.step_size) == pytest.approx(0.1 * factor)
     assert float(new.log_density) == (0.0 if reset else -change)  # an undone step keeps the old density
     # in its first ten steps the tuner only watches; outside warm-up it never tunes
-    state.time = torch.tensor([5.0], dtype=torch.float64)
+    state = state._replace(time=torch.tensor([5.0], dtype=torch.float64))
     assert float(smile_step(state, flat, SMILESettings(precondition=False, tune=True), warmup=True)[0].step_size) == 0.1
-    state.time = torch.tensor([20.0], dtype=torch.float64)
+    state = state._replace(time=torch.tensor([20.0], dtype=torch.float64))
     assert float(smile_step(state, flat, SMILESettings(precondition=False, tune=True), warmup=False)[0].step_size) == 0.1
 
 

@@ -233,7 +233,7 @@ def test_the_model_refuses_non_finite_data_under_pyros_own_svi_and_predictive(mo
     (lambda m, g, x, y: pyrobnn.KLAnnealing(float("nan"), 1.0), "KL annealing needs 0 <= start <= end"),
     (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, lr=-1.0, max_epochs=1, progress=False), "lr must be a finite positive number"),
     (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, weight_decay=-1.0, max_epochs=1, progress=False), "weight_decay must be a finite non-negative"),
-    (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, batch_size=1.5, max_epochs=1, progress=False), "deep_ensemble: batch_size must be an integer >= 1, got 1.5"),
+    (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, batch_size=1.5, max_epochs=1, progress=False), "deep_ensemble: batch_size must be an integer >= 1 or None, got 1.5"),
     (lambda m, g, x, y: pyrobnn.infer.mcmc.samplers.mclmc(m, x, y, num_samples=4, num_warmup=(2, 1, 1), step_size=-1.0, progress=False), "step_size must be a finite positive number"),
     (lambda m, g, x, y: pyrobnn.infer.mcmc.samplers.mclmc(m, x, y, num_samples=4, num_warmup=(2, 1, 1), L=0.0, progress=False), "L must be a finite positive number"),
     (lambda m, g, x, y: pyrobnn.deep_ensemble(m, x, y, num_members=2, num_processes=0, progress=False), "num_processes must be a positive integer"),

@@ -130,10 +130,6 @@ class WeightGuide(nn.Module):
     def site(self, name):
         return self._site_by_name[name]
 
-    def posterior_distributions(self) -> dict:
-        """``{site name: distribution}`` for every weight site."""
-        return {s.name: self.posterior(s) for s in self.sites}
-
     @torch.no_grad()
     def posterior_mean(self) -> dict:
         """``{site name: E_q[w]}`` for every weight site and latent likelihood site; the

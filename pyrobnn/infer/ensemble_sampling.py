@@ -10,11 +10,13 @@ from pyrobnn.infer.mcmc.samplers import mclmc, nuts
 from pyrobnn.infer.modes.ensemble import deep_ensemble
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.sgmcmc.smile import smile
-from pyrobnn.methods import MethodSpec, latent_only_support, refuse_unsupported, register
+from pyrobnn.methods import MethodSpec, checked, latent_only_support, register, spec
+from pyrobnn.utils.constraints import OneOf, Phases
 
 __all__ = ["ensemble_sampling"]
 
 
+@checked("ensemble_sampling")
 def ensemble_sampling(model, x, y, *, ensemble: Posterior = None, sampler: str = "mclmc", ensemble_options=None, **kwargs) -> Posterior:
     """Ensemble-initialized sampling (Sommer et al. 2024, ICML; MILE, Sommer et al. 2025, ICLR):
     one chain per member of ``ensemble`` (:func:`pyrobnn.deep_ensemble`; trained here with
@@ -24,9 +26,7 @@ def ensemble_sampling(model, x, y, *, ensemble: Posterior = None, sampler: str =
     :func:`pyrobnn.smile`, SMILE's ensemble); ``kwargs`` go to the sampler. The chains sit in
     different regions by design: judge each one on its own
     (:func:`pyrobnn.infer.results.diagnostics.within_chain_summary`, or the result's ``summary()``)."""
-    refuse_unsupported("ensemble_sampling", model)
-    if sampler not in ("mclmc", "nuts", "smile"):
-        raise ValueError(f"sampler must be 'mclmc', 'nuts' or 'smile', got {sampler!r}")
+    spec(sampler).check_call(model, x, y, init=ensemble, **kwargs)  # the sampler's arguments, before the ensemble trains
     if ensemble is None:
         options = {"seed": kwargs.get("seed", 0), "progress": kwargs.get("progress", True), **(ensemble_options or {})}
         ensemble = deep_ensemble(model, x, y, **options)
@@ -44,6 +44,7 @@ def ensemble_sampling(model, x, y, *, ensemble: Posterior = None, sampler: str =
 register(MethodSpec(
     "ensemble_sampling", "ensemble-initialized sampling (MILE): a chain per deep-ensemble member", "mcmc", ensemble_sampling,
     latent_only_support(), budgets={"num_samples": 1, "num_warmup": 0},
+    constraints={"sampler": OneOf(("mclmc", "nuts", "smile")), "num_warmup": Phases(3, least=0)},
     quick={"sampler": "nuts", "num_samples": 3, "num_warmup": 3, "max_tree_depth": 3, "progress": False,
            "ensemble_options": {"num_members": 2, "max_epochs": 2, "progress": False}},
 ))

@@ -22,9 +22,12 @@ with any registered method (:mod:`pyrobnn.methods`) and returns a BoTorch ``Mode
   gives the linearized predictive at the result's weight draws as an ensemble instead.
 
 ``condition_on_observations(X, Y)`` (and ``surrogate.refit(X, Y)``) refits on the old
-and new data **warm-started** from the previous posterior (:data:`WARM_STARTS`: a sampler's last
-draws as starting positions, an ensemble's members, the MAP of Laplace and SWAG) with a stated
-fraction ``warm_fraction`` of the cold fit's tuning or training budget. The input and outcome
+and new data **warm-started** from the previous posterior (each method's
+:class:`~pyrobnn.methods.WarmStart`, declared beside it: a sampler's last draws as starting
+positions, an ensemble's members, the MAP of Laplace and SWAG) with a stated fraction
+``warm_fraction`` of the cold fit's tuning or training budget. Each method's options as a
+surrogate (budgets for tens to hundreds of points, full batch) are its ``bo_options``, declared
+beside it too (:class:`~pyrobnn.methods.MethodSpec`). The input and outcome
 transforms of BoTorch apply as in its own models (the outcome transform, ``Standardize`` by
 default, is fitted to the training targets; the model is fitted in transformed units).
 
@@ -64,34 +67,18 @@ except ImportError as error:  # pragma: no cover - the optional extra is missing
     raise ImportError("pyrobnn.integrations.botorch needs BoTorch: pip install 'pyrobnn[bo]'") from error
 
 from pyrobnn import methods
-from pyrobnn.infer.modes.ensemble import deep_ensemble
 from pyrobnn.infer.modes.laplace import LaplacePosterior, linearized_outputs
-from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.results.protocol import Result
 from pyrobnn.models import MLP, BayesianModel
 from pyrobnn.models.functional import call_with_weights
 from pyrobnn.models.likelihoods import GaussianLikelihood, HeteroscedasticGaussianLikelihood
 from pyrobnn.models.priors import NormalPrior
+from pyrobnn.utils.modes import eval_mode
 
 __all__ = [
-    "Surrogate", "PosteriorSurrogate", "LaplaceSurrogate", "BNNSurrogate", "fit_surrogate", "site_order", "default_model", "BO_OPTIONS", "WARM_STARTS",
+    "Surrogate", "PosteriorSurrogate", "LaplaceSurrogate", "BNNSurrogate", "fit_surrogate", "site_order", "default_model",
     "JACOBIAN_CHUNK_BYTES",
 ]
-
-#: per method, the cold-fit options :func:`fit_surrogate` starts from (a user's ``options`` are
-#: merged over them): budgets for a BO data set of tens to hundreds of points, full batch where
-#: the method takes a batch size
-BO_OPTIONS = {
-    "nuts": dict(num_samples=64, num_warmup=200, num_chains=4, max_tree_depth=6),
-    "mclmc": dict(num_samples=64, num_warmup=(1000, 200, 200), num_chains=4, thinning=5),
-    "deep_ensemble": dict(num_members=8, max_epochs=1000, lr=1e-2, batch_size=None, patience=1000),
-    "laplace": dict(hessian="kron", num_samples=64, map_options=dict(max_epochs=1000, lr=1e-2, batch_size=None, patience=1000)),
-    "swag": dict(num_epochs=100, rank=10, num_samples=64, batch_size=32,
-                 map_options=dict(max_epochs=1000, lr=1e-2, batch_size=None, patience=1000)),
-    "ivon": dict(epochs=1000, lr=0.1, ess=None),
-    "sgld": dict(num_steps=4000, thinning=50, step_size="auto"),
-    "sghmc": dict(num_steps=4000, thinning=50, step_size="auto"),
-}
 
 #: the most bytes of Jacobians the joint Laplace covariance forms at once (a chunk of batches)
 JACOBIAN_CHUNK_BYTES = 64 << 20
@@ -110,83 +97,6 @@ def default_model(d: int, m: int = 1, *, hidden=(50, 50), dtype=torch.float64) -
     net = MLP(d, m, hidden=hidden, activation="tanh").to(dtype)
     noise = dist.LogNormal(torch.tensor(-3.0, dtype=dtype), torch.tensor(1.0, dtype=dtype))
     return BayesianModel(net, GaussianLikelihood(scale=noise), prior=NormalPrior(1.0, fan_in=True))
-
-
-# -- warm starts --------------------------------------------------------------------------------
-def _scaled(value, fraction):
-    if isinstance(value, (tuple, list)):
-        return type(value)(max(1, round(v * fraction)) for v in value)
-    return max(1, round(value * fraction))
-
-
-def _one_member(model, values) -> Posterior:
-    """``{site: value}`` as a one-chain, one-draw posterior: a starting point."""
-    return Posterior({k: v.detach().reshape((1, 1) + tuple(v.shape)) for k, v in values.items()}, method="warm start", model=model)
-
-
-def _map_start(model, previous, x, y, options, fraction, seed):
-    """A MAP trained from the previous MAP for ``fraction`` of the cold fit's epochs."""
-    map_options = dict(options.get("map_options") or {})
-    map_options["max_epochs"] = _scaled(map_options.get("max_epochs", 500), fraction)
-    map_options.setdefault("progress", False)
-    return deep_ensemble(model, x, y, num_members=1, init=previous, seed=seed, **map_options)
-
-
-def _warm_mcmc(model, previous, x, y, options, fraction, seed):
-    warm = dict(options, init=previous, num_chains=previous.num_chains)
-    key = "num_warmup" if "num_warmup" in options else None
-    if key is not None:
-        warm[key] = _scaled(options[key], fraction)
-    return warm
-
-
-def _warm_sgmcmc(model, previous, x, y, options, fraction, seed):
-    warm = dict(options, init=previous, num_chains=previous.num_chains)
-    burnin = options.get("num_burnin")
-    steps = options.get("num_steps", 10000)
-    warm["num_burnin"] = _scaled(burnin if burnin is not None else steps // 2, fraction)
-    warm["num_steps"] = steps - (burnin if burnin is not None else steps // 2) + warm["num_burnin"]
-    return warm
-
-
-def _warm_ensemble(model, previous, x, y, options, fraction, seed):
-    return dict(options, init=previous, num_members=previous.num_chains, max_epochs=_scaled(options.get("max_epochs", 500), fraction))
-
-
-def _warm_ivon(model, previous, x, y, options, fraction, seed):
-    return dict(options, init=previous, epochs=_scaled(options.get("epochs", 100), fraction))
-
-
-def _warm_laplace(model, previous, x, y, options, fraction, seed):
-    start = _one_member(model, previous.map_values)
-    return dict(options, map_estimate=_map_start(model, start, x, y, options, fraction, seed),
-                prior_precision=previous.prior_precision, tune_steps=_scaled(options.get("tune_steps", 100), fraction))
-
-
-def _warm_swag(model, previous, x, y, options, fraction, seed):
-    start = previous.moments.mean  # (runs, dim): each run's SWAG mean, unconstrained
-    map_options = dict(options.get("map_options") or {})
-    map_options["max_epochs"] = _scaled(map_options.get("max_epochs", 500), fraction)
-    map_options.setdefault("progress", False)
-    ensemble = deep_ensemble(model, x, y, num_members=start.shape[0], init=start, seed=seed, **map_options)
-    return dict(options, map_estimate=ensemble, num_epochs=_scaled(options.get("num_epochs", 50), fraction))
-
-
-#: how a refit starts from the previous posterior, per method: ``warm(model, previous, x, y,
-#: options, fraction, seed) -> options`` of the new fit, with ``fraction`` of the cold fit's
-#: tuning (samplers' warmup, SG-MCMC's burn-in) or training (an ensemble's, a MAP's, SWAG's and
-#: IVON's epochs) budget. A method not named here refits cold.
-WARM_STARTS = {
-    "nuts": _warm_mcmc,
-    "mclmc": _warm_mcmc,
-    "sgld": _warm_sgmcmc,
-    "sghmc": _warm_sgmcmc,
-    "smile": _warm_mcmc,
-    "deep_ensemble": _warm_ensemble,
-    "ivon": _warm_ivon,
-    "laplace": _warm_laplace,
-    "swag": _warm_swag,
-}
 
 
 @dataclasses.dataclass
@@ -255,7 +165,8 @@ class Surrogate:
 
     def refit(self, X=None, Y=None, *, warm: bool = True):
         """A new surrogate fitted to the training data plus ``(X, Y)`` (in original units), from this
-        one's posterior when ``warm`` (:data:`WARM_STARTS`), else from scratch as the first fit."""
+        one's posterior when ``warm`` (its method's :class:`~pyrobnn.methods.WarmStart`), else
+        from scratch as the first fit."""
         record = self.fit_record
         train_X, train_Y = record.train_X, record.train_Y
         if X is not None:
@@ -374,17 +285,13 @@ class PosteriorSurrogate(Surrogate, EnsembleModel):
         batch, (n, d) = X.shape[:-2], X.shape[-2:]
         x = X.reshape(-1, d).to(model.dtype)
         draws = self.draws()
-        was = model.net.training
-        model.net.eval()
-        try:
+        with eval_mode(model.net):
             if self.linearized:
                 point = {site.name: getattr(self, f"linearization_{i}") for i, site in enumerate(model.sites)}
                 out = linearized_outputs(model.net, point, {n: draws[n] - point[n] for n in point}, x)
             else:
                 weights = {s.name: draws[s.name] for s in model.sites}
                 out = call_with_weights(model.net, model.sites, weights, x)
-        finally:
-            model.net.train(was)
         out = _locations(model, out)  # (S, B n, m)
         out = out.reshape((out.shape[0],) + batch + (n, out.shape[-1])).movedim(0, -3)
         return out.to(X.dtype)
@@ -482,7 +389,7 @@ class LaplaceSurrogate(Surrogate, Model):
         chunk = max(1, JACOBIAN_CHUNK_BYTES // max(per_batch, 1))
         la = self.result.approximation
         means, covs = [], []
-        with _eval(model.net), _eval(self.result.map_net):
+        with eval_mode(model.net, self.result.map_net):
             for i in range(0, b, chunk):
                 part = flat[i : i + chunk]
                 c = part.shape[0]
@@ -533,18 +440,6 @@ def _joint_covariances(la, Js):
     if isinstance(la, DiagLaplace):
         return (Js * la.posterior_variance) @ Js.transpose(-1, -2)
     return torch.stack([la.functional_covariance(J.unsqueeze(1)) for J in Js])
-
-
-class _eval:
-    def __init__(self, module):
-        self.module = module
-
-    def __enter__(self):
-        self.was = self.module.training
-        self.module.eval()
-
-    def __exit__(self, *exc):
-        self.module.train(self.was)
 
 
 class BNNSurrogate(PosteriorSurrogate):
@@ -632,7 +527,8 @@ def fit_surrogate(
         ``"deep_ensemble"``, ``"laplace"``, ``"ivon"``, ``"swag"``, ``"sgld"``, a guide's...
     :param model: a :class:`~pyrobnn.models.BayesianModel`, or ``model(d, m) -> BayesianModel``;
         default :func:`default_model`. Its dtype is the surrogate's working precision.
-    :param options: the method's options, merged over :data:`BO_OPTIONS`.
+    :param options: the method's options, merged over its ``bo_options``
+        (:class:`~pyrobnn.methods.MethodSpec`).
     :param num_samples: ensemble members (weight draws) of a :class:`PosteriorSurrogate`.
     :param seed: seeds the fit and the choice of members.
     :param input_transform: a BoTorch input transform (e.g. ``Normalize(d)``), applied as in
@@ -674,7 +570,7 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
         if outcome_transform != "standardize":
             raise ValueError(f"outcome_transform must be a BoTorch OutcomeTransform, 'standardize' or None, got {outcome_transform!r}")
         outcome_transform = Standardize(m=m)
-    merged = {**BO_OPTIONS.get(method, {}), **(options or {})}
+    merged = {**methods.spec(method).bo_options, **(options or {})}
     if "progress" in _parameters(method):
         merged.setdefault("progress", False)
     return SurrogateFit(method, model, merged, num_samples, seed, float(warm_fraction), laplace_form, train_X, train_Y,
@@ -707,13 +603,11 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
     options = dict(record.options)
     options.setdefault("seed", record.seed)
     start = time.perf_counter()
-    warm = previous is not None and record.method in WARM_STARTS
+    method = methods.spec(record.method)
+    warm = previous is not None and method.warm_start is not None
     if warm:
-        options = WARM_STARTS[record.method](model, previous, x, y_fit, options, record.warm_fraction, record.seed)
-        for name, least in methods.spec(record.method).budgets.items():  # a scaled budget stays one the method takes
-            if isinstance(options.get(name), int) and not isinstance(options[name], bool):
-                options[name] = max(least, options[name])
-    result = methods.spec(record.method).run(model, x, y_fit, **options)
+        options = method.warm_start.options(method, model, previous, x, y_fit, options, record.warm_fraction, record.seed)
+    result = method.run(model, x, y_fit, **options)
     seconds = time.perf_counter() - start
     new = dataclasses.replace(record, train_X=train_X, train_Y=train_Y, seconds=seconds, warm=warm,
                               input_transform=record.input_transform, outcome_transform=record.outcome_transform)
@@ -732,6 +626,6 @@ def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
 
 
 def _one_output(model, x) -> bool:
-    with torch.no_grad(), _eval(model.net):
+    with torch.no_grad(), eval_mode(model.net):
         return model.net(x[:1]).shape[-1] == 1
 

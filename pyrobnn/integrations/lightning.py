@@ -11,7 +11,7 @@ from typing import Callable, Optional
 import lightning as L
 import torch
 
-from pyrobnn.infer.core.failures import NonFiniteLossError, StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.infer.core.failures import NonFiniteLossError, StepFailures, clear_skip, grads_not_finite, skip_if_failed
 from pyrobnn.infer.core.minibatch import minibatch_log_joint
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.starts import member_initializations
@@ -86,15 +86,11 @@ class _SkipsNonFiniteSteps:
         if bad_grad is None:
             bad_grad = torch.zeros_like(bad_loss)
         self.failures.record(self.global_step, self.current_epoch, None, bad_loss, bad_grad, value)
-        if skips_on_device(optimizer):
-            optimizer.found_inf = self.failures.failed.to(torch.float32)
-        else:
-            self.failures.raise_if_any(self._params)
+        skip_if_failed(optimizer, self.failures, lambda: self.failures.raise_if_any(self._params))
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         for optimizer in self.trainer.optimizers:
-            if hasattr(optimizer, "found_inf"):
-                del optimizer.found_inf
+            clear_skip(optimizer)
 
     def on_train_epoch_end(self) -> None:
         # one host synchronization per epoch; every rank raises if any rank failed

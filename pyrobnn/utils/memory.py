@@ -37,6 +37,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from pyrobnn.utils.modes import eval_mode
+
 __all__ = [
     "budget", "set_budget", "limit", "available_bytes", "activation_bytes", "points_per_chunk", "check_fits",
     "MemoryBudgetError", "DEFAULT_BUDGET", "FORWARD_FACTOR", "GRADIENT_FACTOR",
@@ -175,13 +177,10 @@ def activation_bytes(net: nn.Module, x: torch.Tensor) -> int:
 
     modules = [m for m in net.modules() if m is not net] or [net]
     handles = [m.register_forward_hook(count) for m in modules]
-    was = net.training
-    net.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(net):
             net(x[:1])
     finally:
-        net.train(was)
         for h in handles:
             h.remove()
     cache[key] = int(total[0])

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from pyrobnn.utils.modes import eval_mode
+
 __all__ = [
     "as_tensor",
     "check_positive_int",
@@ -146,17 +148,13 @@ def check_forward(net: nn.Module, x: torch.Tensor, name: str = "x") -> torch.Siz
     """Run ``net`` on one example and return the output shape; a shape error inside the
     network becomes a ``ValueError`` naming the input's shape. Runs in eval mode, so that
     batch-norm statistics are not touched."""
-    was_training = net.training
-    net.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(net):
             out = net(x[:1])
     except RuntimeError as e:
         raise ValueError(
             f"the network cannot take {name} of shape {tuple(x.shape)}: {str(e).splitlines()[0]}"
         ) from e
-    finally:
-        net.train(was_training)
     return out.shape
 
 

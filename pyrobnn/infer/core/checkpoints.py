@@ -40,7 +40,8 @@ from pyrobnn.utils.validation import check_positive_int, check_positive_number
 __all__ = ["Checkpointing", "RunCheckpoint", "digest", "state_digest", "watching", "FORMAT"]
 
 FORMAT = "pyrobnn-run-checkpoint"
-VERSION = 1
+#: 2: a sampler's state is the runner's records (:mod:`pyrobnn.infer.core.runner`); 1 is refused
+VERSION = 2
 #: parts of a run's identity that follow from the call, and how a difference reads
 _DERIVED = {
     "data": "the training data differ (another SHA-256)",
@@ -133,10 +134,15 @@ class Checkpointing:
 
 class RunCheckpoint:
     """The checkpoint of one run: where and how often (a :class:`Checkpointing`, or ``None``:
-    none is written) and the run's ``identity`` (plain values that must agree for a resume)."""
+    none is written) and the run's ``identity`` (plain values that must agree for a resume).
+    A subclass may write another ``FORMAT`` and say where a run stands and how it resumes in its
+    own words (:meth:`position`, :meth:`resume_hint`)."""
+
+    #: what the file says it is; :meth:`load` refuses another
+    FORMAT = FORMAT
 
     def __init__(self, checkpointing, kind: str, identity: dict):
-        self.options = Checkpointing.of(checkpointing)
+        self.options = checkpointing if checkpointing is None or isinstance(checkpointing, Checkpointing) else Checkpointing.of(checkpointing)
         self.path = None if self.options is None else self.options.path
         self.kind, self.identity = kind, identity
         self._last = time.monotonic()
@@ -162,7 +168,7 @@ class RunCheckpoint:
         if self.path is None or not os.path.exists(self.path):
             return None
         obj = safe_load(self.path, map_location="cpu")
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        if not isinstance(obj, dict) or obj.get("format") != self.FORMAT:
             raise ValueError(f"{self.path} is not a pyrobnn run checkpoint: pass another checkpoint path")
         if obj.get("version") != VERSION:
             raise ValueError(f"{self.path} has checkpoint format version {obj.get('version')}; this pyrobnn reads {VERSION}")
@@ -189,7 +195,7 @@ class RunCheckpoint:
         if self.path is None:
             return
         atomic_save({
-            "format": FORMAT, "version": VERSION, "kind": self.kind, "identity": self.identity, "count": count,
+            "format": self.FORMAT, "version": VERSION, "kind": self.kind, "identity": self.identity, "count": count,
             "sha256": state_digest(state), "state": state,
         }, self.path)
         self._last = time.monotonic()
@@ -210,14 +216,15 @@ class RunCheckpoint:
     def stop_requested(self) -> bool:
         return self._stop is not None and self._stop.requested
 
-    def after(self, count: int, state_fn, *, last: bool = False, resumable: bool = True, unit: str = "iterations") -> None:
+    def after(self, count: int, state_fn, *, last: bool = False, resumable: bool = True, unit: str = "iterations",
+              now: bool = False) -> None:
         """The end of iteration ``count``: the state ``state_fn()`` is written when due, at the
-        ``last`` iteration, or when a stop signal came (then :class:`RunInterrupted` is raised).
-        A state that cannot be written here (not ``resumable``) is not; a stop then leaves the
-        state written last."""
+        ``last`` iteration, ``now`` (the last state before a stretch that cannot be written), or
+        when a stop signal came (then :class:`RunInterrupted` is raised). A state that cannot be
+        written here (not ``resumable``) is not; a stop then leaves the state written last."""
         stop = self.stop_requested
         written = False
-        if resumable and (last or stop or self.due(count)):
+        if resumable and (last or stop or now or self.due(count)):
             written = self.try_save(state_fn, count, unit)
         if stop:
             raise self.interrupted(count, unit, finished=last and written)
@@ -231,10 +238,19 @@ class RunCheckpoint:
             return True
         except WriteError as e:
             if self._write_failure is None:  # once until a write succeeds again
-                held = f"it holds the state after {self.written} {unit}" if self.written is not None else "no state is saved"
-                warnings.warn(f"{self.kind}: the state after {count} {unit} was not saved: {e}; the run goes on ({held}), and each later write tries again", stacklevel=3)
+                held = f"it holds the state after {self.position(self.written, unit)}" if self.written is not None else "no state is saved"
+                warnings.warn(f"{self.kind}: the state after {self.position(count, unit)} was not saved: {e}; the run goes on ({held}), "
+                              "and each later write tries again", stacklevel=3)
             self._write_failure = str(e)
             return False
+
+    def position(self, count: int, unit: str) -> str:
+        """Where a run stands after ``count`` iterations, as the messages say it (``"25 steps"``)."""
+        return f"{count} {unit}"
+
+    def resume_hint(self, finished: bool = False) -> str:
+        """The call that goes on from the file (that returns the result, for a ``finished`` run)."""
+        return f"the same call with checkpoint={self.path!r} " + ("returns it at once" if finished else "resumes from there")
 
     def stop_overdue(self) -> bool:
         """A stop signal came :data:`~pyrobnn.infer.core.interrupts.GRACE_SECONDS` ago or
@@ -247,13 +263,14 @@ class RunCheckpoint:
         name = self._stop.signal_name if self._stop is not None else "a signal"
         failure = f" (its state at the stop could not be written: {self._write_failure})" if self._write_failure else ""
         if finished:
-            text = f"{self.kind} finished as {name} came; its result is in {self.path}: the same call with checkpoint={self.path!r} returns it at once"
+            text = f"{self.kind} finished as {name} came; its result is in {self.path}: {self.resume_hint(finished=True)}"
         elif self.written is None:
-            text = f"{self.kind} stopped by {name} after {count} {unit}{failure}; no state had been written to {self.path} yet: the same call starts over"
+            text = (f"{self.kind} stopped by {name} after {self.position(count, unit)}{failure}; no state had been written to {self.path} yet: "
+                    "the same call starts over")
         else:
             lost = f" (the {count - self.written} {unit} after it are run again)" if count > self.written else ""
-            text = (f"{self.kind} stopped by {name} after {count} {unit}{failure}; its state after {self.written} {unit} is in {self.path}{lost}: "
-                    f"the same call with checkpoint={self.path!r} resumes from there")
+            text = (f"{self.kind} stopped by {name} after {self.position(count, unit)}{failure}; its state after "
+                    f"{self.position(self.written, unit)} is in {self.path}{lost}: {self.resume_hint()}")
         return RunInterrupted(text, signal_name=name, path=self.path if self.written is not None else None, done=self.written)
 
 

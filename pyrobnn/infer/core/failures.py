@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["NonFiniteLossError", "InvalidBatchError", "StepFailures", "OverflowGuard", "skips_on_device", "grads_not_finite", "not_finite"]
+__all__ = [
+    "NonFiniteLossError", "InvalidBatchError", "StepFailures", "OverflowGuard", "skips_on_device", "skip_if_failed", "clear_skip",
+    "guarded_optimizer_step", "grads_not_finite", "not_finite",
+]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -129,6 +132,35 @@ def skips_on_device(optimizer) -> bool:
     """Whether ``optimizer`` can skip a step on a flag held on the device (PyTorch's fused Adam,
     AdamW and SGD take ``found_inf``, as under ``GradScaler``)."""
     return isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)) and bool(optimizer.defaults.get("fused"))
+
+
+def skip_if_failed(optimizer, failures: StepFailures, check_now) -> None:
+    """Before ``optimizer.step()``: a fused optimizer takes the failure flag as ``found_inf`` and
+    skips the update on the device (no host synchronization); any other optimizer cannot, so
+    ``check_now()`` raises at once for a failed step (a host synchronization). :func:`clear_skip`
+    after the step."""
+    if skips_on_device(optimizer):
+        optimizer.found_inf = failures.failed.to(torch.float32)
+    else:
+        check_now()
+
+
+def clear_skip(optimizer) -> None:
+    """Take the flag :func:`skip_if_failed` gave ``optimizer`` back (the next step gets its own)."""
+    if hasattr(optimizer, "found_inf"):
+        del optimizer.found_inf
+
+
+def guarded_optimizer_step(optimizer, failures: StepFailures, check_now) -> None:
+    """``optimizer.step()`` unless the step ``failures`` recorded last (or an earlier one)
+    failed: the one guarded step of every training loop (:class:`~pyrobnn.infer.svi.trainer.SVITrainer`,
+    :class:`~pyrobnn.infer.core.minibatch.MinibatchLoop`; Lightning's modules split it around
+    Lightning's own call, :func:`skip_if_failed` and :func:`clear_skip`)."""
+    skip_if_failed(optimizer, failures, check_now)
+    try:
+        optimizer.step()
+    finally:
+        clear_skip(optimizer)
 
 
 def grads_not_finite(params):

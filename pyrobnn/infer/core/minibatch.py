@@ -13,17 +13,23 @@ is not finite (:class:`MinibatchLoop`): it is recorded on the device without a h
 synchronization, that update and every later one are skipped (the rows stay where they were
 before the failed step), and at the next check, the end of the epoch, a
 :class:`~pyrobnn.infer.core.failures.NonFiniteLossError` names the step, as :func:`pyrobnn.fit` does.
+:class:`Minibatches` gives the stochastic-gradient samplers' kernels their target step by step
+(:mod:`pyrobnn.infer.core.runner`), with that policy.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import torch
 
-from pyrobnn.infer.core.failures import StepFailures, grads_not_finite, skips_on_device
+from pyrobnn.infer.core import records
+from pyrobnn.infer.core.failures import StepFailures, guarded_optimizer_step, grads_not_finite
 
 __all__ = [
     "minibatch_log_joint", "minibatch_log_joint_grad", "minibatch_log_joint_value_and_grad", "per_row_minibatch_log_joint_value_and_grad",
-    "MinibatchLoop",
+    "MinibatchLoop", "Minibatches",
 ]
 
 
@@ -131,16 +137,8 @@ class MinibatchLoop:
     def optimizer_step(self, optimizer, loss, params) -> None:
         """``optimizer.step()`` unless this or an earlier step failed (after ``backward``): a
         fused optimizer skips on the device; another one makes the check at once (a host sync)."""
-        failed = self.record(loss, params)
-        if skips_on_device(optimizer):
-            optimizer.found_inf = failed.to(torch.float32)
-            try:
-                optimizer.step()
-            finally:
-                del optimizer.found_inf
-        else:
-            self.check(params)
-            optimizer.step()
+        self.record(loss, params)
+        guarded_optimizer_step(optimizer, self.failures, lambda: self.check(params))
 
     def check(self, params) -> None:
         """Raise :class:`~pyrobnn.infer.core.failures.NonFiniteLossError` for the first failed step
@@ -161,3 +159,55 @@ class MinibatchLoop:
         self.step, self.epoch = int(state["step"]), int(state["epoch"])
         stream = state.get("stream")
         self._stream = None if stream is None else (stream["perm"].to(self.device), int(stream["cursor"]))
+
+
+class Minibatches:
+    """The data of a stochastic-gradient sampler's run (:mod:`pyrobnn.infer.core.runner`): each
+    step's target is :func:`minibatch_log_joint_value_and_grad` on the next batch of ``loop``
+    (one for all chains), or with ``per_chain`` chains a batch of its own for every chain
+    (:func:`per_row_minibatch_log_joint_value_and_grad`, SMILE's). With ``guard``, a step whose
+    gradient or new position is not finite is handled by :class:`MinibatchLoop`'s policy: from it
+    on the chains stay where they were, and the check at the end of each epoch (and before a
+    checkpoint) raises :class:`~pyrobnn.infer.core.failures.NonFiniteLossError`.
+
+    :param potential: the :class:`~pyrobnn.infer.core.potential.FlatPotential` holding all the
+        training data.
+    """
+
+    fixed_target = None
+
+    def __init__(self, potential, loop: MinibatchLoop, *, per_chain: Optional[int] = None, guard: bool = False):
+        self.potential, self.loop, self.per_chain, self.guarded = potential, loop, per_chain, guard
+        self.x, self.y = potential.x, potential.y
+        self.per_epoch = math.ceil(loop.n / loop.batch_size)  # steps between the checks for a failed step
+
+    def next_target(self):
+        potential, n = self.potential, self.loop.n
+        if self.per_chain is not None:
+            idx = self.loop.next_batches(self.per_chain)  # (chains, batch_size)
+            xb, yb = self.x[idx], self.y[idx]
+            return lambda z: per_row_minibatch_log_joint_value_and_grad(potential, z, xb, yb, n)
+        idx = self.loop.next_batch()
+        xb, yb = self.x[idx], self.y[idx]
+        return lambda z: minibatch_log_joint_value_and_grad(potential, z, xb, yb, n)
+
+    def guard(self, old, new, info):
+        """``new``, or where this or an earlier step failed (no host sync) ``old``."""
+        if not self.guarded:
+            return new
+        failed = self.loop.record(grad=info.grad, new=new.z)
+        return records.where(failed, old, new)
+
+    def after_step(self, i: int, state, last: bool) -> None:
+        if self.guarded and ((i + 1) % self.per_epoch == 0 or last):
+            self.loop.check([state.z])
+
+    def before_save(self, state) -> None:
+        if self.guarded:
+            self.loop.check([state.z])  # a failed step is never saved
+
+    def state_dict(self) -> dict:
+        return self.loop.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loop.load_state_dict(state)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.utils.modes import eval_mode
 from pyrobnn.utils.validation import validate_training_data
 
 __all__ = ["FlatProblem", "flat_problem", "training_data"]
@@ -29,10 +30,6 @@ class FlatProblem:
     potential: FlatPotential
     generator: torch.Generator
 
-    @property
-    def num_points(self) -> int:
-        return self.x.shape[0]
-
 
 def training_data(model, x, y):
     """``(x, y)`` checked for ``model`` (:func:`~pyrobnn.utils.validation.validate_training_data`:
@@ -46,11 +43,7 @@ def flat_problem(model, x, y, seed: int):
     """The :class:`FlatProblem` of ``model`` on ``(x, y)`` with a generator on the model's
     device seeded with ``seed``, the model in evaluation mode inside the block."""
     x, y = training_data(model, x, y)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         potential = FlatPotential(model, x, y)
         generator = torch.Generator(device=model.device).manual_seed(seed)
         yield FlatProblem(model, x, potential.y, potential, generator)
-    finally:
-        model.train(was_training)

@@ -29,12 +29,10 @@ shows them). A ``torch.compile`` that fails falls back to eager code with a warn
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
+from pyrobnn.infer.core.execution import ExecutionPath
 from pyrobnn.infer.mcmc import native as native_kernels
 
-__all__ = ["ExecutionPath", "choose_path", "resolve_backend", "BACKENDS", "COMPILE_FROM_EVALUATIONS", "LARGE_MACS", "LOCKSTEP_CHAINS"]
+__all__ = ["choose_path", "BACKENDS", "COMPILE_FROM_EVALUATIONS", "LARGE_MACS", "LOCKSTEP_CHAINS"]
 
 #: the values ``backend=`` takes (the module docstring says what each runs)
 BACKENDS = ("auto", "native", "compile", "eager")
@@ -48,26 +46,6 @@ COMPILE_FROM_EVALUATIONS = 20_000
 #: two threads against 96 s compiled on one; yacht (83k) is faster native (docs/logs/benchmarks.md).
 #: NUTS stays native: its chains build trees of different lengths, which lockstep would pay for.
 LARGE_MACS, LOCKSTEP_CHAINS = 150_000, 8
-
-
-@dataclass
-class ExecutionPath:
-    """The chosen backend: ``kind`` (``"native"``, ``"torch.compile"`` or ``"eager"``), the
-    reason in words, and the :class:`~pyrobnn.infer.mcmc.native.NativeMLP` for the native path."""
-
-    kind: str
-    reason: str
-    native: Optional[object] = None
-
-    def stats(self) -> dict:
-        return {"path": self.kind, "path_reason": self.reason}
-
-
-def resolve_backend(backend) -> str:
-    """``backend``, checked to be one of :data:`BACKENDS`."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend
 
 
 def _native(potential, why) -> ExecutionPath:
@@ -86,7 +64,8 @@ def choose_path(potential, z0, backend: str, sampler: str, evaluations: int, bou
     """The backend for a run of ``sampler`` (``"NUTS"`` or ``"MCLMC"``) of ``potential`` (a
     :class:`~pyrobnn.infer.core.potential.FlatPotential` holding its data) from ``z0``, making
     ``evaluations`` gradient evaluations per chain (``bound``: at most that many), by the rule of
-    the module docstring. ``backend`` comes from :func:`resolve_backend`."""
+    the module docstring. ``backend`` is one of :data:`BACKENDS` (the samplers' constraints
+    check it at the call)."""
     if backend == "eager":
         return ExecutionPath("eager", "backend='eager'")
     if backend == "compile":

@@ -51,42 +51,58 @@ schedule of Sommer et al. (2025, ICLR, "Microcanonical Langevin Ensembles", MILE
 Each chain is tuned on its own (step size, :math:`L` and preconditioner per chain): in
 ensemble-initialized sampling every chain explores its own region.
 
-The functions take a potential returning ``(U, grad U)`` for ``z`` of shape ``(chains, dim)``;
-:func:`pyrobnn.infer.mcmc.samplers.mclmc` connects them to a model.
+The kernel (:class:`MCLMC`) is its state record (:class:`MCLMCState`), ``init``, the noise of one
+step and the pure step :func:`mclmc_step` over a potential returning ``(U, grad U)`` for ``z`` of
+shape ``(chains, dim)``; the tuning is :class:`MCLMCAdaptation` over
+:class:`MCLMCAdaptationState`, as BlackJAX's ``mclmc_find_L_and_step_size``, run step by step by
+the one runner (:mod:`pyrobnn.infer.core.runner`). :func:`pyrobnn.infer.mcmc.samplers.mclmc`
+connects them to a model.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from pyrobnn.infer.core.checkpoints import watching
 from pyrobnn.infer.core.integrators import MCLACHLAN_B1, esh_velocity_update, partial_refresh, unit_vector
+from pyrobnn.infer.core.kernel import Adaptation, Kernel
 from pyrobnn.infer.mcmc.autocorrelation import MIN_ESS_DRAWS, effective_sample_size
-from pyrobnn.utils.progress import tqdm
-from pyrobnn.utils.runtime import compiled, raised_recompile_limits
+from pyrobnn.utils.runtime import compiled
 
-__all__ = ["MCLMCState", "MCLMCTuning", "mclmc_init", "mclmc_step", "Stepper", "StepSizeAdapter", "MCLMCAdaptation", "sample_mclmc"]
-
-@dataclass
-class MCLMCState:
-    z: torch.Tensor  # positions (C, D)
-    u: torch.Tensor  # unit velocities (C, D)
-    energy: torch.Tensor  # potential U (C,)
-    grad: torch.Tensor  # grad U (C, D)
+__all__ = [
+    "MCLMCState", "MCLMCTuning", "MCLMCInfo", "MCLMC", "mclmc_init", "mclmc_step", "native_mclmc_step", "StepSizeAdapter",
+    "step_size_adapter_init", "step_size_adapter_update", "MCLMCAdaptationState", "MCLMCAdaptation",
+]
 
 
-@dataclass
-class MCLMCTuning:
+class MCLMCState(NamedTuple):
+    """Positions ``z`` ``(C, D)``, unit velocities ``u`` ``(C, D)``, the potential ``energy``
+    ``(C,)`` and its gradient ``grad`` ``(C, D)``."""
+
+    z: torch.Tensor
+    u: torch.Tensor
+    energy: torch.Tensor
+    grad: torch.Tensor
+
+
+class MCLMCTuning(NamedTuple):
     """Per-chain sampler settings: ``step_size`` and ``L`` of shape ``(C,)``, ``inv_mass`` the
     diagonal preconditioner ``(C, D)``."""
 
     step_size: torch.Tensor
     L: torch.Tensor
     inv_mass: torch.Tensor
+
+
+class MCLMCInfo(NamedTuple):
+    """Per chain, of one step: the energy error ``energy_change`` (0 for an undone step) and
+    whether the step was ``finite`` (else undone)."""
+
+    energy_change: torch.Tensor
+    finite: torch.Tensor
 
 
 def mclmc_init(potential, z, generator=None) -> MCLMCState:
@@ -129,84 +145,129 @@ def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise
     return z_out, u_out, energy_out, grad_out, d_energy, finite
 
 
-class Stepper:
-    """Draws the noise and calls the (possibly compiled) step function, or the native kernels'
-    step (:mod:`pyrobnn.infer.mcmc.native`) on the same noise."""
+def native_mclmc_step(native, state: MCLMCState, noise, tuning: MCLMCTuning):
+    """:func:`mclmc_step` in the native kernels (:class:`~pyrobnn.infer.mcmc.native.NativeMLP` of
+    the same potential), on the same noise."""
+    z, u, energy, grad = state.z.clone(), state.u.clone(), state.energy.clone(), state.grad.clone()
+    d_energy, finite = native.mclmc(
+        z, u, energy, grad, tuning.step_size.contiguous(), tuning.L.contiguous(), tuning.inv_mass.sqrt(), noise.transpose(0, 1).contiguous(),
+    )
+    return MCLMCState(z, u, energy, grad), MCLMCInfo(d_energy, finite)
 
-    def __init__(self, potential, generator, compile, native=None):
-        fn = functools.partial(mclmc_step, potential)
-        self.fn = compiled(fn, dynamic=False) if compile and native is None else fn
-        self.generator = generator
-        self.native = native
 
-    def __call__(self, state: MCLMCState, tuning: MCLMCTuning):
+def _kernel_step(fn, state: MCLMCState, noise, tuning: MCLMCTuning):
+    """``fn`` (:func:`mclmc_step` bound to a potential, possibly compiled) on records."""
+    z, u, energy, grad, d_energy, finite = fn(*state, tuning.step_size, tuning.L, tuning.inv_mass.sqrt(), noise)
+    return MCLMCState(z, u, energy, grad), MCLMCInfo(d_energy, finite)
+
+
+class MCLMC(Kernel):
+    """The MCLMC kernel: the noise of a step is ``(3, C, D)`` standard normal draws (the two half
+    refreshes and the fresh velocity of an undone step); the settings are an
+    :class:`MCLMCTuning`."""
+
+    name, unit = "MCLMC", "steps"
+    State = MCLMCState
+    tallies = ("nonfinite",)
+    evaluations_per_step = 2
+
+    def init(self, position, data, generator) -> MCLMCState:
+        return mclmc_init(data.next_target(), position, generator)
+
+    def randoms(self, state: MCLMCState, settings, generator):
         z = state.z
-        noise = torch.randn((3,) + tuple(z.shape), generator=self.generator, dtype=z.dtype, device=z.device)
-        if self.native is not None:
-            z, u, energy, grad = z.clone(), state.u.clone(), state.energy.clone(), state.grad.clone()
-            d_energy, finite = self.native.mclmc(
-                z, u, energy, grad, tuning.step_size.contiguous(), tuning.L.contiguous(), tuning.inv_mass.sqrt(),
-                noise.transpose(0, 1).contiguous(),
-            )
-            return MCLMCState(z, u, energy, grad), d_energy, finite
-        z, u, energy, grad, d_energy, finite = self.fn(
-            state.z, state.u, state.energy, state.grad, tuning.step_size, tuning.L, tuning.inv_mass.sqrt(), noise
-        )
-        return MCLMCState(z, u, energy, grad), d_energy, finite
+        return torch.randn((3,) + tuple(z.shape), generator=generator, dtype=z.dtype, device=z.device)
+
+    def step(self, state, target, noise, tuning):
+        return _kernel_step(functools.partial(mclmc_step, target), state, noise, tuning)
+
+    def stepper(self, path, target):
+        """Native: :func:`native_mclmc_step`; compiled: :func:`mclmc_step` with the potential,
+        compiled whole by ``torch.compile``; eager: :func:`mclmc_step`."""
+        if path.kind == "native":
+            native = path.native
+            return lambda state, target, noise, tuning: native_mclmc_step(native, state, noise, tuning)
+        fn = functools.partial(mclmc_step, target)
+        if path.compiled:
+            fn = compiled(fn, dynamic=False)
+        return lambda state, target, noise, tuning: _kernel_step(fn, state, noise, tuning)
+
+    def record(self, state: MCLMCState, info: MCLMCInfo) -> dict:
+        return {"z": state.z, "energy": state.energy, "energy_change": info.energy_change}
+
+    def tally(self, info: MCLMCInfo) -> dict:
+        return {"nonfinite": (~info.finite).long()}
 
 
-class StepSizeAdapter:
-    """The running step-size estimate of phases 1 and 2 (per chain)."""
+class StepSizeAdapter(NamedTuple):
+    """The running step-size estimate of tuning phases 1 and 2, per chain: the decayed weight sum
+    ``time``, the decayed weighted mean of :math:`\\xi / \\epsilon^6` (``x_average``) and the cap
+    ``step_max`` a non-finite step sets."""
 
-    def __init__(self, chains, dtype, device, num_effective_samples: float = 150.0, trust_in_estimate: float = 1.5):
-        self.decay = (num_effective_samples - 1.0) / (num_effective_samples + 1.0)
-        self.trust = trust_in_estimate
-        self.time = torch.zeros(chains, dtype=dtype, device=device)
-        self.x_average = torch.zeros(chains, dtype=dtype, device=device)
-        self.step_max = torch.full((chains,), math.inf, dtype=dtype, device=device)
-
-    def update(self, step_size, d_energy, finite, dim, target_var):
-        self.step_max = torch.where(finite, self.step_max, 0.8 * step_size)
-        xi = d_energy.square() / (dim * target_var) + 1e-8
-        weight = torch.exp(-0.5 * (torch.log(xi) / (6.0 * self.trust)).square())
-        self.x_average = self.decay * self.x_average + weight * xi / step_size.pow(6)
-        self.time = self.decay * self.time + weight
-        new = (self.x_average / self.time).pow(-1.0 / 6.0)
-        new = torch.where(torch.isfinite(new), new, step_size)
-        return torch.minimum(new, self.step_max)
-
-    def state_dict(self) -> dict:
-        return {"time": self.time.cpu(), "x_average": self.x_average.cpu(), "step_max": self.step_max.cpu()}
-
-    def load_state_dict(self, state: dict) -> None:
-        device = self.time.device
-        self.time, self.x_average, self.step_max = (state[k].to(device) for k in ("time", "x_average", "step_max"))
+    time: torch.Tensor
+    x_average: torch.Tensor
+    step_max: torch.Tensor
 
 
-class MCLMCAdaptation:
+def step_size_adapter_init(chains: int, dtype, device) -> StepSizeAdapter:
+    zeros = torch.zeros(chains, dtype=dtype, device=device)
+    return StepSizeAdapter(zeros, zeros.clone(), torch.full((chains,), math.inf, dtype=dtype, device=device))
+
+
+def step_size_adapter_update(state: StepSizeAdapter, step_size, d_energy, finite, dim: int, target_var: float,
+                             num_effective_samples: float = 150.0, trust_in_estimate: float = 1.5):
+    """The estimate after one more step's energy error (the module docstring's phase 1): the new
+    state and the step size it gives."""
+    decay = (num_effective_samples - 1.0) / (num_effective_samples + 1.0)
+    step_max = torch.where(finite, state.step_max, 0.8 * step_size)
+    xi = d_energy.square() / (dim * target_var) + 1e-8
+    weight = torch.exp(-0.5 * (torch.log(xi) / (6.0 * trust_in_estimate)).square())
+    x_average = decay * state.x_average + weight * xi / step_size.pow(6)
+    time = decay * state.time + weight
+    new = (x_average / time).pow(-1.0 / 6.0)
+    new = torch.where(torch.isfinite(new), new, step_size)
+    return StepSizeAdapter(time, x_average, step_max), torch.minimum(new, step_max)
+
+
+class MCLMCAdaptationState(NamedTuple):
+    """The tuning's state: the ``tuning`` the next step uses, the step-size ``adapter``, phase 2's
+    weighted moments of the positions (``weight_sum``, ``m1``, ``m2``) and phase 3's positions
+    so far (empty outside phase 3, which is never written to a checkpoint)."""
+
+    tuning: MCLMCTuning
+    adapter: StepSizeAdapter
+    weight_sum: torch.Tensor
+    m1: torch.Tensor
+    m2: torch.Tensor
+    positions: tuple
+
+
+class MCLMCAdaptation(Adaptation):
     """The three tuning phases of the module docstring as the kernel's warm-up (BlackJAX's
-    ``mclmc_find_L_and_step_size``), one step at a time: :meth:`update` takes the result of
-    warm-up step ``t``, and ``tuning`` is what the next step uses. Its state (the step-size
-    adapter, phase 2's moments, the tuning) is a plain dict, so a run can stop and go on; phase
-    3 keeps its positions for their autocorrelation, so a run resumes only at its ends
-    (:meth:`resumable_after`).
+    ``mclmc_find_L_and_step_size``), one step at a time; phase 3 keeps its positions for their
+    autocorrelation, so a run resumes only at its ends (:meth:`resumable_after`).
 
-    :param step_size: initial values, per chain or scalars (default BlackJAX's,
-        ``sqrt(d) / 4`` and ``sqrt(d)``; :func:`pyrobnn.infer.mcmc.samplers.mclmc` passes MILE's).
-    :param L: see ``step_size``.
+    :param num_warmup: the steps of the three phases.
+    :param step_size: the initial step size, per chain or a scalar (default BlackJAX's,
+        ``sqrt(d) / 4``).
+    :param L: the initial decoherence length: per chain, a scalar, a function of the dimension
+        ``d`` (:func:`pyrobnn.infer.mcmc.samplers.mclmc` passes MILE's ``max(sqrt(d), 15)``), or
+        ``None`` (BlackJAX's ``sqrt(d)``).
     :param energy_variance: target variance of the energy error per dimension, a number or a
         ``(start, end)`` pair scheduled linearly over phase 1 (MILE: ``(0.5, 0.1)``).
     """
 
-    def __init__(self, z, num_warmup, *, step_size=None, L=None, energy_variance=(0.5, 0.1), diagonal_preconditioning=False, l_factor=0.4):
+    State = MCLMCAdaptationState
+
+    def __init__(self, num_warmup=(40_000, 5_000, 5_000), *, step_size=None, L=None, energy_variance=(0.5, 0.1),
+                 diagonal_preconditioning=False, l_factor=0.4):
         self.n1, self.n2, self.n3 = (int(v) for v in num_warmup)
         if min(self.n1, self.n2, self.n3) < 0:
             raise ValueError(f"num_warmup must be three non-negative step counts, got {num_warmup}")
-        chains, self.dim = z.shape
-        self.chains, self.dtype, self.device = chains, z.dtype, z.device
         if isinstance(energy_variance, (int, float)):
             energy_variance = (energy_variance, energy_variance)
         self.start_var, self.end_var = energy_variance
+        self.initial_step_size, self.initial_L = step_size, L
         self.diagonal_preconditioning, self.l_factor = diagonal_preconditioning, l_factor
         # the steps of each stretch: phases 1 and 2, the step-size re-tuning after a new
         # preconditioner, phase 3
@@ -215,179 +276,65 @@ class MCLMCAdaptation:
         # phase 3 needs an effective sample size: a shorter phase is skipped (L keeps phase 2's value)
         self.num_steps = self.precond_end + (self.n3 if self.n3 >= MIN_ESS_DRAWS else 0)
 
-        def per_chain(v, default):
-            v = default if v is None else v
-            return torch.as_tensor(v, dtype=self.dtype, device=self.device).expand(chains).clone()
+    def init(self, state: MCLMCState, data, generator) -> MCLMCAdaptationState:
+        z = state.z
+        chains, dim = z.shape
 
-        self.tuning = MCLMCTuning(
-            per_chain(step_size, math.sqrt(self.dim) * 0.25), per_chain(L, math.sqrt(self.dim)), torch.ones_like(z)
-        )
-        self.adapter = StepSizeAdapter(chains, self.dtype, self.device)
-        self.weight_sum, self.m1, self.m2 = torch.zeros(chains, dtype=self.dtype, device=self.device), torch.zeros_like(z), torch.zeros_like(z)
-        self._positions = []
+        def per_chain(v, default):
+            v = default if v is None else v(dim) if callable(v) else v
+            return torch.as_tensor(v, dtype=z.dtype, device=z.device).expand(chains).clone()
+
+        tuning = MCLMCTuning(per_chain(self.initial_step_size, math.sqrt(dim) * 0.25), per_chain(self.initial_L, math.sqrt(dim)), torch.ones_like(z))
+        zeros = torch.zeros(chains, dtype=z.dtype, device=z.device)
+        return MCLMCAdaptationState(tuning, step_size_adapter_init(chains, z.dtype, z.device), zeros, torch.zeros_like(z), torch.zeros_like(z), ())
 
     def _scheduled_variance(self, t):
         if self.n1 <= 1:
             return self.end_var
         return self.start_var + (self.end_var - self.start_var) * min(t / (self.n1 - 1), 1.0)
 
-    def update(self, t: int, state: MCLMCState, d_energy, finite) -> None:
-        """After warm-up step ``t`` (0-based, below ``num_steps``) to ``state``."""
-        tuning = self.tuning
+    def update(self, tuning: MCLMCAdaptationState, t, state: MCLMCState, info: MCLMCInfo, target, generator) -> MCLMCAdaptationState:
+        settings, dim = tuning.tuning, state.z.shape[1]
         if t < self.adapt_end:  # phases 1 and 2: tune the step size, and in phase 2 gather moments
-            tuning.step_size = self.adapter.update(tuning.step_size, d_energy, finite, self.dim, self._scheduled_variance(t))
+            adapter, step_size = step_size_adapter_update(tuning.adapter, settings.step_size, info.energy_change, info.finite, dim, self._scheduled_variance(t))
+            tuning = tuning._replace(tuning=settings._replace(step_size=step_size), adapter=adapter)
             if self.n2 > 1 and t >= self.n1:
-                w = (tuning.step_size * finite).unsqueeze(-1)
-                self.weight_sum.add_(w.squeeze(-1))
-                self.m1.add_(w * state.z)
-                self.m2.add_(w * state.z.square())
+                w = (step_size * info.finite).unsqueeze(-1)
+                tuning = tuning._replace(weight_sum=tuning.weight_sum + w.squeeze(-1), m1=tuning.m1 + w * state.z, m2=tuning.m2 + w * state.z.square())
             if t + 1 == self.adapt_end and self.n2 > 1:
-                w = self.weight_sum.clamp_min(1e-30).unsqueeze(-1)
-                mean = self.m1 / w
-                variance = (self.m2 / w - mean.square()).clamp_min(1e-12)
+                w = tuning.weight_sum.clamp_min(1e-30).unsqueeze(-1)
+                mean = tuning.m1 / w
+                variance = (tuning.m2 / w - mean.square()).clamp_min(1e-12)
                 if self.diagonal_preconditioning:
-                    tuning.inv_mass = variance
-                    tuning.L = torch.full((self.chains,), math.sqrt(self.dim), dtype=self.dtype, device=self.device)
-                    self.adapter = StepSizeAdapter(self.chains, self.dtype, self.device)
+                    L = torch.full((state.z.shape[0],), math.sqrt(dim), dtype=state.z.dtype, device=state.z.device)
+                    z = state.z
+                    tuning = tuning._replace(tuning=tuning.tuning._replace(inv_mass=variance, L=L),
+                                             adapter=step_size_adapter_init(z.shape[0], z.dtype, z.device))
                 else:
-                    tuning.L = variance.sum(-1).sqrt()
+                    tuning = tuning._replace(tuning=tuning.tuning._replace(L=variance.sum(-1).sqrt()))
         elif t < self.precond_end:  # the step size again, for the new preconditioner
-            tuning.step_size = self.adapter.update(tuning.step_size, d_energy, finite, self.dim, self.end_var)
+            adapter, step_size = step_size_adapter_update(tuning.adapter, settings.step_size, info.energy_change, info.finite, dim, self.end_var)
+            tuning = tuning._replace(tuning=settings._replace(step_size=step_size), adapter=adapter)
         else:  # phase 3: L from the effective sample size
-            self._positions.append(state.z)
-            if t + 1 == self.num_steps:
-                ess = effective_sample_size(torch.stack(self._positions, 1))  # (C, D)
-                self._positions = []
-                tau = (self.num_steps - self.precond_end) / ess
-                finite_tau = torch.isfinite(tau)
-                mean_tau = torch.where(finite_tau, tau, 0.0).sum(-1) / finite_tau.sum(-1).clamp_min(1)
-                tuning.L = torch.where(finite_tau.any(-1), self.l_factor * tuning.step_size * mean_tau, tuning.L)
+            positions = tuning.positions + (state.z,)
+            if t + 1 < self.num_steps:
+                return tuning._replace(positions=positions)
+            ess = effective_sample_size(torch.stack(positions, 1))  # (C, D)
+            tau = (self.num_steps - self.precond_end) / ess
+            finite_tau = torch.isfinite(tau)
+            mean_tau = torch.where(finite_tau, tau, 0.0).sum(-1) / finite_tau.sum(-1).clamp_min(1)
+            L = torch.where(finite_tau.any(-1), self.l_factor * settings.step_size * mean_tau, settings.L)
+            tuning = tuning._replace(tuning=settings._replace(L=L), positions=())
+        return tuning
+
+    def settings(self, tuning: MCLMCAdaptationState, i) -> MCLMCTuning:
+        return tuning.tuning
+
+    def final(self, tuning: MCLMCAdaptationState) -> dict:
+        t = tuning.tuning
+        return {"step_size": t.step_size, "L": t.L, "inv_mass": t.inv_mass}
 
     def resumable_after(self, steps: int) -> bool:
-        """Whether the run can be saved after ``steps`` steps (not inside phase 3)."""
-        return not self.precond_end <= steps < self.num_steps
-
-    def state_dict(self) -> dict:
-        t = self.tuning
-        return {
-            "tuning": {"step_size": t.step_size.cpu(), "L": t.L.cpu(), "inv_mass": t.inv_mass.cpu()},
-            "adapter": self.adapter.state_dict(),
-            "moments": {"weight_sum": self.weight_sum.cpu(), "m1": self.m1.cpu(), "m2": self.m2.cpu()},
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        d = self.device
-        self.tuning = MCLMCTuning(*(state["tuning"][k].to(d) for k in ("step_size", "L", "inv_mass")))
-        self.adapter.load_state_dict(state["adapter"])
-        self.weight_sum, self.m1, self.m2 = (state["moments"][k].to(d) for k in ("weight_sum", "m1", "m2"))
-
-
-def sample_mclmc(
-    potential,
-    z_init,
-    num_samples: int,
-    num_warmup=(40_000, 5_000, 5_000),
-    *,
-    thinning: int = 1,
-    step_size=None,
-    L=None,
-    energy_variance=(0.5, 0.1),
-    diagonal_preconditioning: bool = False,
-    l_factor: float = 0.4,
-    generator=None,
-    progress: bool = True,
-    compile: bool = False,
-    native=None,
-    checkpoint=None,
-):
-    """Tune (:class:`MCLMCAdaptation`, ``num_warmup`` = the steps of its three phases) and then
-    run ``num_samples`` steps of MCLMC from ``z_init`` (``(C, D)``), keeping every
-    ``thinning``-th position.
-
-    :param native: a :class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``: each step runs
-        in its native code, on the same noise (``compile`` is then not used).
-    :param checkpoint: a :class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint`: the run starts
-        from its saved state if there is one and writes its state when due (never inside phase
-        3) and at the end.
-
-    :returns: the draws ``(C, num_samples // thinning, D)`` and statistics: ``energy`` (the
-        potential at each draw, ``(C, S)``), ``energy_change`` (the energy error of each kept
-        step), ``step_size`` and ``L`` (``(C,)``), ``inv_mass`` (``(C, D)``), ``nonfinite``
-        (steps undone per chain while sampling) and ``nonfinite_warmup``.
-    """
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be a positive number of steps, got {num_samples}")
-    if not isinstance(thinning, int) or thinning < 1:
-        raise ValueError(f"thinning must be a positive integer, got {thinning!r}")
-    if num_samples < thinning:
-        raise ValueError(f"num_samples ({num_samples}) must be at least thinning ({thinning}): no draw would be kept")
-    chains, dim = z_init.shape
-    device = z_init.device
-    warmup = MCLMCAdaptation(
-        z_init, num_warmup, step_size=step_size, L=L, energy_variance=energy_variance,
-        diagonal_preconditioning=diagonal_preconditioning, l_factor=l_factor,
-    )
-    total = warmup.num_steps + num_samples
-    stepper = Stepper(potential, generator, compile, native)
-    state = mclmc_init(potential, z_init, generator)
-    nonfinite_warmup = torch.zeros(chains, dtype=torch.long, device=device)
-    nonfinite = torch.zeros(chains, dtype=torch.long, device=device)
-    draws, energies, changes = [], [], []
-    first = 0
-    saved = checkpoint.load() if checkpoint is not None else None
-    if saved is not None:
-        state = MCLMCState(*(saved["state"][k].to(device) for k in ("z", "u", "energy", "grad")))
-        warmup.load_state_dict(saved["warmup"])
-        nonfinite_warmup, nonfinite = saved["nonfinite_warmup"].to(device), saved["nonfinite"].to(device)
-        if saved["draws"] is not None:
-            draws, energies, changes = (list(saved[k].to(device).unbind(1)) for k in ("draws", "energies", "changes"))
-        generator.set_state(saved["generator"])
-        first = int(saved["step"])
-
-    def snapshot(done):
-        stack = (lambda xs: torch.stack(xs, 1).cpu()) if draws else (lambda xs: None)
-        return {
-            "step": done, "generator": generator.get_state(), "warmup": warmup.state_dict(),
-            "state": {"z": state.z.cpu(), "u": state.u.cpu(), "energy": state.energy.cpu(), "grad": state.grad.cpu()},
-            "nonfinite_warmup": nonfinite_warmup.cpu(), "nonfinite": nonfinite.cpu(),
-            "draws": stack(draws), "energies": stack(energies), "changes": stack(changes),
-        }
-
-    bar = tqdm(total=total, initial=first, disable=not progress, desc="MCLMC", unit="step", dynamic_ncols=True, mininterval=0.5)
-    # the step is compiled for each potential (see raised_recompile_limits)
-    with raised_recompile_limits(enabled=compile and native is None), watching(checkpoint):
-        try:
-            for t in range(first, total):
-                state, d_energy, finite = stepper(state, warmup.tuning)
-                if t < warmup.num_steps:
-                    nonfinite_warmup.add_((~finite).long())
-                    warmup.update(t, state, d_energy, finite)
-                else:
-                    nonfinite.add_((~finite).long())
-                    if (t - warmup.num_steps + 1) % thinning == 0:
-                        draws.append(state.z)
-                        energies.append(state.energy)
-                        changes.append(d_energy)
-                if progress:
-                    bar.update(1)
-                if checkpoint is not None:
-                    # phase 3 cannot be written: the state before it always is, so that a stop
-                    # inside it goes back no further
-                    resumable = warmup.resumable_after(t + 1)
-                    if resumable and t + 2 <= total and not warmup.resumable_after(t + 2):
-                        checkpoint.try_save(lambda: snapshot(t + 1), t + 1, "steps")
-                    checkpoint.after(t + 1, lambda: snapshot(t + 1), last=t + 1 == total, resumable=resumable, unit="steps")
-        finally:
-            bar.close()
-    tuning = warmup.tuning
-    stats = {
-        "energy": torch.stack(energies, 1) if energies else z_init.new_zeros(chains, 0),
-        "energy_change": torch.stack(changes, 1) if changes else z_init.new_zeros(chains, 0),
-        "step_size": tuning.step_size,
-        "L": tuning.L,
-        "inv_mass": tuning.inv_mass,
-        "nonfinite": nonfinite,
-        "nonfinite_warmup": nonfinite_warmup,
-    }
-    samples = torch.stack(draws, 1) if draws else z_init.new_zeros(chains, 0, dim)
-    return samples, stats
+        """Whether the run can be saved after ``steps`` steps: not inside phase 3 (after its
+        first step and before its last, while it holds positions)."""
+        return not self.precond_end < steps < self.num_steps

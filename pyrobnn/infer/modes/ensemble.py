@@ -36,9 +36,10 @@ from pyrobnn.infer.core.problem import flat_problem
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.infer.core.starts import initial_positions, member_initializations
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register
+from pyrobnn.utils.constraints import Budget, Either, Interval, NonNegative, OneOf, Positive, PositiveInt
 from pyrobnn.utils.progress import tqdm
-from pyrobnn.utils.validation import check_positive_int, check_positive_number, validate_training_data
+from pyrobnn.utils.validation import validate_training_data
 
 __all__ = ["EnsemblePosterior", "deep_ensemble", "train_members"]
 
@@ -118,21 +119,12 @@ def train_members(
     epochs without improvement. A non-finite step is handled by the one policy of
     :mod:`pyrobnn.infer.core.minibatch` (skipped, and reported at the end of the epoch).
     ``checkpoint``: a :class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint` to resume from and
-    write to (once per epoch when due). Returns ``(z, stats, history)``.
+    write to (once per epoch when due). Returns ``(z, stats, history)``. The arguments are those
+    :func:`deep_ensemble` checked (its declaration's constraints).
     """
-    if objective not in ("map", "likelihood"):
-        raise ValueError(f"objective must be 'map' or 'likelihood', got {objective!r}")
-    if not isinstance(max_epochs, int) or max_epochs < 1:
-        raise ValueError(f"max_epochs must be a positive integer, got {max_epochs!r}")
-    if not isinstance(patience, int) or patience < 1:
-        raise ValueError(f"patience must be a positive integer, got {patience!r}")
-    check_positive_number("lr", lr)
-    if not (isinstance(weight_decay, (int, float)) and math.isfinite(weight_decay) and weight_decay >= 0):
-        raise ValueError(f"weight_decay must be a finite non-negative number, got {weight_decay!r}")
     n = x.shape[0]
     if batch_size is None:
         batch_size = n
-    check_positive_int("batch_size", batch_size)
     members = z_init.shape[0]
     z = torch.nn.Parameter(z_init.detach().clone())
     # fused: a failed step is skipped on the device, without a host synchronization
@@ -206,6 +198,7 @@ def train_members(
     return best, stats, torch.stack(history)
 
 
+@checked("deep_ensemble")
 def deep_ensemble(
     model,
     x,
@@ -260,19 +253,7 @@ def deep_ensemble(
         ensemble = deep_ensemble(model, x, y, num_members=12, validation=0.1)
         pred = pyrobnn.predict(model, ensemble, x_test, num_samples=None)   # the mixture
     """
-    refuse_unsupported("deep_ensemble", model)
     checkpointing = Checkpointing.of(checkpoint)
-    for name, value in (("num_members", num_members), ("max_epochs", max_epochs), ("patience", patience)):
-        check_budget("deep_ensemble", name, value)
-    if batch_size is not None:
-        check_budget("deep_ensemble", "batch_size", batch_size)
-    check_positive_int("num_processes", num_processes)
-    if not 0.0 <= float(validation) < 1.0:
-        raise ValueError(f"validation must be a fraction in [0, 1), got {validation}")
-    if (x_val is None) != (y_val is None):
-        raise ValueError("give both x_val and y_val, or neither")
-    if x_val is not None and validation:
-        raise ValueError("give either x_val/y_val or validation, not both")
     held_out = "x_val, y_val" if x_val is not None else validation
     x, y = validate_training_data(model, x, y)
     if validation:
@@ -338,8 +319,23 @@ def _join_histories(histories: list, final: list) -> torch.Tensor:
     return torch.cat(padded, 1)
 
 
+def _validation_data(options):
+    if (options["x_val"] is None) != (options["y_val"] is None):
+        return "give both x_val and y_val, or neither"
+    if options["x_val"] is not None and options["validation"]:
+        return "give either x_val/y_val or validation, not both"
+    return None
+
+
 register(MethodSpec(
     "deep_ensemble", "deep ensemble: members trained as one batched computation", "ensemble", deep_ensemble, latent_only_support(),
     budgets={"num_members": 1, "max_epochs": 1, "patience": 1, "batch_size": 1},
+    constraints={
+        "batch_size": Either(Budget(1), None), "validation": Interval(0.0, 1.0, "left", "a fraction"), "objective": OneOf(("map", "likelihood")),
+        "lr": Positive(), "weight_decay": NonNegative(), "num_processes": PositiveInt(),
+    },
+    rules=(_validation_data,),
     quick={"num_members": 2, "max_epochs": 2, "progress": False},
+    bo_options=dict(num_members=8, max_epochs=1000, lr=1e-2, batch_size=None, patience=1000),
+    warm_start=WarmStart(init="init", count="num_members", scaled=("max_epochs",)),
 ))

@@ -45,9 +45,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.results.protocol import evenly_spaced
-from pyrobnn.methods import LATENT_ONLY, MethodSpec, Support, check_budget, refuse_unsupported, register
+from pyrobnn.methods import LATENT_ONLY, MethodSpec, Support, WarmStart, checked, register, scaled_budget
 from pyrobnn.models.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from pyrobnn.utils import memory
+from pyrobnn.utils.constraints import Budget, Either, OneOf
 from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, validate_training_data
 
 __all__ = ["LaplacePosterior", "laplace", "linearized_outputs", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]
@@ -283,6 +284,7 @@ def laplace_torch_quiet():
         yield
 
 
+@checked("laplace")
 def laplace(
     model,
     x,
@@ -319,15 +321,6 @@ def laplace(
     :param batch_size: points per batch for the curvature (default: as many as the memory budget
         of :mod:`pyrobnn.utils.memory` allows a pass with gradients, at most :data:`CURVATURE_BATCH`).
     """
-    refuse_unsupported("laplace", model)
-    if subset not in SUBSETS:
-        raise ValueError(f"subset must be one of {SUBSETS}, got {subset!r}")
-    if hessian not in HESSIANS:
-        raise ValueError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
-    check_budget("laplace", "num_samples", num_samples)
-    check_budget("laplace", "tune_steps", tune_steps)
-    if batch_size is not None:
-        check_budget("laplace", "batch_size", batch_size)
     x, y = validate_training_data(model, x, y)
     x, y = x.to(model.device), y.to(model.device)
     outputs = check_forward(model.net, x)[-1]
@@ -424,6 +417,19 @@ def laplace(
     )
 
 
+def _warm_start(model, previous, x, y, options, fraction, seed):
+    """A refit from the previous MAP (trained on from it for ``fraction`` of the cold fit's
+    epochs) with the previous prior precision, tuned for ``fraction`` of the steps."""
+    start = Posterior({k: v.detach().reshape((1, 1) + tuple(v.shape)) for k, v in previous.map_values.items()}, method="warm start",
+                      model=model)
+    map_options = dict(options.get("map_options") or {})
+    map_options["max_epochs"] = scaled_budget(map_options.get("max_epochs", 500), fraction)
+    map_options.setdefault("progress", False)
+    map_estimate = deep_ensemble(model, x, y, num_members=1, init=start, seed=seed, **map_options)
+    return dict(options, map_estimate=map_estimate, prior_precision=previous.prior_precision,
+                tune_steps=scaled_budget(options.get("tune_steps", 100), fraction))
+
+
 register(MethodSpec(
     "laplace", "Laplace approximation at the MAP (laplace-torch's GGN: KFAC, diagonal or full), GLM predictive", "laplace", laplace,
     Support(
@@ -436,5 +442,8 @@ register(MethodSpec(
         },
     ),
     budgets={"num_samples": 1, "batch_size": 1, "tune_steps": 1},
+    constraints={"batch_size": Either(Budget(1), None), "subset": OneOf(SUBSETS), "hessian": OneOf(HESSIANS)},
     quick={"num_samples": 4, "map_options": {"max_epochs": 2, "progress": False}},
+    bo_options=dict(hessian="kron", num_samples=64, map_options=dict(max_epochs=1000, lr=1e-2, batch_size=None, patience=1000)),
+    warm_start=WarmStart(prepare=_warm_start, names=("map_estimate", "prior_precision", "tune_steps", "map_options")),
 ))

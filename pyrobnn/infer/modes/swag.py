@@ -36,7 +36,8 @@ from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.problem import flat_problem, training_data
 from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register, scaled_budget
+from pyrobnn.utils.constraints import Either, Interval, Positive
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import check_positive_int
 
@@ -125,6 +126,7 @@ class SWAGPosterior(Posterior):
         return out
 
 
+@checked("swag")
 def swag(
     model,
     x,
@@ -161,14 +163,7 @@ def swag(
     :param map_estimate: an :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior` of ``num_runs``
         members; default: trained here (``deep_ensemble(objective="map", **map_options)``).
     """
-    refuse_unsupported("swag", model)
     checkpoint = Checkpointing.of(checkpoint)
-    for name, value in (("num_epochs", num_epochs), ("batch_size", batch_size), ("rank", rank), ("num_samples", num_samples), ("num_runs", num_runs)):
-        check_budget("swag", name, value)
-    if lr != "auto" and not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be a positive number or 'auto', got {lr!r}")
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
     x, y = training_data(model, x, y)
     settings_given = dict(
         num_epochs=num_epochs, lr=lr, momentum=momentum, batch_size=batch_size, rank=rank, num_samples=num_samples,
@@ -243,8 +238,22 @@ def swag(
     return SWAGPosterior(samples, stats, seconds, label, settings=settings, model=model, moments=moments)
 
 
+def _warm_start(model, previous, x, y, options, fraction, seed):
+    """A refit from each run's SWAG mean: a MAP trained from it for ``fraction`` of the cold fit's
+    epochs, then ``fraction`` of SWAG's epochs."""
+    start = previous.moments.mean  # (runs, dim): each run's SWAG mean, unconstrained
+    map_options = dict(options.get("map_options") or {})
+    map_options["max_epochs"] = scaled_budget(map_options.get("max_epochs", 500), fraction)
+    map_options.setdefault("progress", False)
+    ensemble = deep_ensemble(model, x, y, num_members=start.shape[0], init=start, seed=seed, **map_options)
+    return dict(options, map_estimate=ensemble, num_epochs=scaled_budget(options.get("num_epochs", 50), fraction))
+
+
 register(MethodSpec(
     "swag", "SWAG: a Gaussian (diagonal + low rank) from SGD's iterates around the MAP", "swag", swag, latent_only_support(),
     budgets={"num_epochs": 2, "batch_size": 1, "rank": 1, "num_samples": 1, "num_runs": 1},
+    constraints={"lr": Either(Positive(), "auto"), "momentum": Interval(0.0, 1.0, "left")},
     quick={"num_epochs": 2, "batch_size": 16, "num_samples": 4, "map_options": {"max_epochs": 2, "progress": False}, "progress": False},
+    bo_options=dict(num_epochs=100, rank=10, num_samples=64, batch_size=32, map_options=dict(max_epochs=1000, lr=1e-2, batch_size=None, patience=1000)),
+    warm_start=WarmStart(prepare=_warm_start, names=("map_estimate", "num_epochs", "map_options")),
 ))

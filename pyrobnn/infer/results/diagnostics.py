@@ -16,6 +16,7 @@ import torch
 
 from pyrobnn.infer.results.predictive import network_outputs
 from pyrobnn.infer.results.protocol import Result
+from pyrobnn.utils.modes import eval_mode
 from pyrobnn.utils.validation import as_tensor
 
 __all__ = [
@@ -43,12 +44,8 @@ def _draws_of(posterior):
 
 
 def _eval_outputs(model, flat_samples, x):
-    was = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         return network_outputs(model, flat_samples, x)
-    finally:
-        model.train(was)
 
 
 @torch.no_grad()

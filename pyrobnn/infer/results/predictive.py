@@ -21,6 +21,7 @@ from pyro.infer import Predictive
 from pyrobnn.infer.results.protocol import Result, evenly_spaced
 from pyrobnn.models.functional import batched_stack, call_with_weights, swap_parameters
 from pyrobnn.utils import memory
+from pyrobnn.utils.modes import eval_mode
 from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, check_same_placement
 
 __all__ = ["predict", "predict_draws", "predict_guide", "network_outputs", "posterior_mean_values", "DEFAULT_GUIDE_DRAWS"]
@@ -130,16 +131,8 @@ def _sample_chunk(model, num_samples, sample_batch_size):
 
 
 def _run_eval(model, fn, guide=None):
-    was = model.training, getattr(guide, "training", False)
-    model.eval()
-    if guide is not None and isinstance(guide, torch.nn.Module):
-        guide.eval()
-    try:
+    with eval_mode(model, guide if isinstance(guide, torch.nn.Module) else None):
         return fn()
-    finally:
-        model.train(was[0])
-        if guide is not None and isinstance(guide, torch.nn.Module):
-            guide.train(was[1])
 
 
 def predict_draws(model, draws: dict, x, num_samples: Optional[int] = None, *, batch_size=None, sample_batch_size=None):

@@ -26,22 +26,20 @@ Gaussian of precision :math:`\lambda` the stationary variance is
 
 from __future__ import annotations
 
-import math
-import time
 
 import torch
 
-from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint, watching
+from pyrobnn.infer.core.checkpoints import Checkpointing
 from pyrobnn.infer.core.curvature import largest_curvature
-from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint_grad
-from pyrobnn.infer.core.problem import flat_problem
+from pyrobnn.infer.core.minibatch import MinibatchLoop, Minibatches
+from pyrobnn.infer.core.runner import RunSettings, Sampler, sample
 from pyrobnn.infer.core.starts import chain_starts
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, cyclical_step_size, sghmc_step, sgld_step
-from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
-from pyrobnn.utils.progress import tqdm
+from pyrobnn.infer.sgmcmc.kernels import SCHEDULES, SGHMC, SGLD, StepSizeSchedule
+from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register, scaled_budget
+from pyrobnn.utils.constraints import Either, Interval, OneOf, Positive
 
-__all__ = ["sgld", "sghmc", "chain_starts", "AUTO_STEP"]
+__all__ = ["sgld", "sghmc", "MinibatchSampler", "AUTO_STEP"]
 
 #: ``step_size="auto"``: this constant over the largest curvature at the start (SGLD's step,
 #: SGHMC's learning rate); a tenth of SGLD's stability limit on a Gaussian, so that the
@@ -49,102 +47,72 @@ __all__ = ["sgld", "sghmc", "chain_starts", "AUTO_STEP"]
 AUTO_STEP = 0.1
 
 
-def _run(model, x, y, kind, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration,
-         batch_size, num_chains, init, seed, progress, checkpoint=None):
-    refuse_unsupported(kind, model)
-    checkpoint = Checkpointing.of(checkpoint)
-    settings_given = dict(
-        step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
-        num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=num_chains, seed=seed,
-    )
-    if step_size != "auto" and not (isinstance(step_size, (int, float)) and step_size > 0 and math.isfinite(step_size)):
-        raise ValueError(f"step_size must be a positive number or 'auto', got {step_size!r}")
-    if kind == "sghmc" and not 0.0 < friction <= 1.0:
-        raise ValueError(f"friction must be in (0, 1], got {friction!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    for name, value in (("num_steps", num_steps), ("thinning", thinning), ("num_cycles", num_cycles), ("batch_size", batch_size)):
-        check_budget(kind, name, value)
-    if init is None:
-        check_budget(kind, "num_chains", num_chains)
-    if num_burnin is None:
-        num_burnin = num_steps // 2
-    if schedule == "constant" and (not isinstance(num_burnin, int) or num_burnin < 0 or num_burnin >= num_steps):
-        raise ValueError(f"num_burnin must be an integer in [0, num_steps), got {num_burnin!r}")
-    if not 0.0 <= exploration < 1.0:
-        raise ValueError(f"exploration must be a fraction in [0, 1), got {exploration!r}")
-    if schedule == "cyclical" and num_cycles > num_steps:
-        raise ValueError(f"num_cycles ({num_cycles}) exceeds num_steps ({num_steps})")
-    with flat_problem(model, x, y, seed) as problem:
-        x, y, potential, generator = problem.x, problem.y, problem.potential, problem.generator
-        z = chain_starts(model, potential, init, num_chains, seed, generator)
+class MinibatchSampler(Sampler):
+    """A stochastic-gradient kernel as the runner takes it on a model: chains started at the
+    network's own initialization under seeds ``seed + k`` (as deep-ensemble members are) or from
+    ``init``, and minibatches of ``batch_size`` points in a seeded order; subclasses give the
+    kernel and its adaptation (:meth:`kernel_and_adaptation`)."""
+
+    def __init__(self, name: str, settings: dict, batch_size: int, per_chain: bool = False, guard: bool = True):
+        super().__init__(name, "sgmcmc", settings)
+        self.batch_size, self.per_chain, self.guard = batch_size, per_chain, guard
+
+    def starts(self, potential, generator, run: RunSettings) -> torch.Tensor:
+        return chain_starts(potential.model, potential, run.init, run.num_chains, run.seed, generator)
+
+    def kernel_and_adaptation(self, problem, z0) -> tuple:
+        raise NotImplementedError
+
+    def advice(self, adaptation) -> str:
+        """What the error of a failed step tells the user to change."""
+        return "Lower the learning rate."
+
+    def parts(self, problem, z0, path):
+        kernel, adaptation = self.kernel_and_adaptation(problem, z0)
+        loop = MinibatchLoop(problem.x.shape[0], self.batch_size, self.settings["seed"], problem.x.device, advice=self.advice(adaptation))
+        data = Minibatches(problem.potential, loop, per_chain=z0.shape[0] if self.per_chain else None, guard=self.guard)
+        return kernel, adaptation, data
+
+
+class _SGMCMCSampler(MinibatchSampler):
+    """SGLD or SGHMC with a :class:`~pyrobnn.infer.sgmcmc.kernels.StepSizeSchedule`, the step
+    size ``"auto"`` resolved on the starting points."""
+
+    def __init__(self, kind: str, settings: dict):
+        super().__init__(kind.upper(), settings, settings["batch_size"])
+        self.kind = kind
+
+    def kernel_and_adaptation(self, problem, z0):
+        s = self.settings
+        step_size = s["step_size"]
         if step_size == "auto":
-            step_size = AUTO_STEP / float(largest_curvature(potential, z, generator=generator).max())
-        v = torch.zeros_like(z)
-        n = x.shape[0]
-        loop = MinibatchLoop(n, batch_size, seed, x.device, advice=f"Lower step_size (now {step_size:.3g}).")
-        per_epoch = math.ceil(n / loop.batch_size)  # steps between the checks for a failed step
-        period = math.ceil(num_steps / num_cycles)
-        draws, steps_kept, first = [], [], 0
-        run = None
-        if checkpoint is not None:
-            run = RunCheckpoint.of_run(checkpoint, kind.upper(), settings_given, model, (x, y), z)
-            saved = run.load()
-            if saved is not None:
-                z, v = saved["z"].to(z.device), saved["v"].to(z.device)
-                generator.set_state(saved["generator"])
-                loop.load_state_dict(saved["loop"])
-                draws = list(saved["draws"].to(z.device).unbind(1)) if saved["draws"] is not None else []
-                steps_kept, first = list(saved["steps_kept"]), int(saved["step"])
-        start = time.perf_counter()
-        bar = tqdm(total=num_steps, initial=first, disable=not progress, desc=kind.upper(), unit="step", dynamic_ncols=True)
-        with watching(run):
-            try:
-                for k in range(first, num_steps):
-                    idx = loop.next_batch()
-                    if schedule == "cyclical":
-                        eps = cyclical_step_size(k, num_steps, num_cycles, step_size)
-                        sampling = (k % period) >= exploration * period
-                    else:
-                        eps, sampling = step_size, True
-                    grad = minibatch_log_joint_grad(potential, z, x[idx], y[idx], n)
-                    if kind == "sgld":
-                        z_new, v_new = sgld_step(z, grad, eps, generator, noise=sampling), v
-                    else:
-                        z_new, v_new = sghmc_step(z, v, grad, eps, friction, generator, noise=sampling)
-                    # from a failed step on, the chains stay where they were (no host sync here)
-                    failed = loop.record(grad=grad, new=z_new)
-                    z, v = torch.where(failed, z, z_new), torch.where(failed, v, v_new)
-                    if (k + 1) % per_epoch == 0 or k + 1 == num_steps:
-                        loop.check([z])
-                    keep = sampling and (k + 1) % thinning == 0
-                    if schedule == "constant":
-                        keep = keep and k >= num_burnin
-                    if keep:
-                        draws.append(z.detach().clone())
-                        steps_kept.append(k + 1)
-                    bar.update(1)
-                    if run is not None:
-                        def state():
-                            loop.check([z])  # a failed step is never saved
-                            return {
-                                "step": k + 1, "z": z.cpu(), "v": v.cpu(), "generator": generator.get_state(), "loop": loop.state_dict(),
-                                "draws": torch.stack(draws, 1).cpu() if draws else None, "steps_kept": list(steps_kept),
-                            }
-                        run.after(k + 1, state, last=k + 1 == num_steps, unit="steps")
-            finally:
-                bar.close()
-        seconds = time.perf_counter() - start
-        if not draws:
-            raise ValueError(f"no draws kept: num_steps={num_steps} with thinning={thinning} keeps none after burn-in")
-        samples = potential.unpack_draws(torch.stack(draws, 1))
-        chains = z.shape[0]
-    label = f"{kind.upper()}" + (" (cyclical)" if schedule == "cyclical" else "")
-    stats = {"step": torch.tensor(steps_kept), "step_size": torch.full((chains,), float(step_size))}
-    settings = dict(settings_given, num_chains=chains, init=init)
-    return Posterior(samples, stats, seconds, label, "sgmcmc", settings, model)
+            step_size = AUTO_STEP / float(largest_curvature(problem.potential, z0, generator=problem.generator).max())
+        num_burnin = s["num_steps"] // 2 if s["num_burnin"] is None else s["num_burnin"]
+        schedule = StepSizeSchedule(step_size, s["num_steps"], s["schedule"], s["num_cycles"], s["exploration"], num_burnin)
+        return (SGLD() if self.kind == "sgld" else SGHMC(s["friction"])), schedule
+
+    def advice(self, adaptation) -> str:
+        return f"Lower step_size (now {adaptation.step_size:.3g})."
+
+    def label(self, run) -> str:
+        return self.name + (" (cyclical)" if self.settings["schedule"] == "cyclical" else "")
+
+    def stats(self, chains) -> dict:
+        return {"step": torch.tensor(chains.kept), "step_size": torch.full((chains.draws.shape[0],), float(chains.stats["step_size"]))}
 
 
+def _run(kind, model, x, y, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration, batch_size,
+         num_chains, init, seed, progress, checkpoint):
+    settings = dict(
+        step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
+        num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=num_chains, seed=seed, init=init,
+    )
+    run = RunSettings(num_samples=num_steps, thinning=thinning, num_chains=num_chains, init=init, seed=seed, progress=progress,
+                      checkpoint=Checkpointing.of(checkpoint))
+    return sample(model, x, y, _SGMCMCSampler(kind, settings), run)
+
+
+@checked("sgld")
 def sgld(
     model, x, y, *, step_size: float = 1e-4, num_steps: int = 10_000, num_burnin=None, thinning: int = 50,
     schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128, num_chains: int = 1,
@@ -156,11 +124,20 @@ def sgld(
     :param step_size: :math:`\\epsilon` (the initial one with ``schedule="cyclical"``), or
         ``"auto"``: ``AUTO_STEP`` over the largest curvature of the log joint at the starting
         points (:func:`largest_curvature`, the largest over chains).
+    :param num_steps: steps in all, burn-in included.
     :param num_burnin: steps before the first kept draw (constant schedule; default half of
         ``num_steps``).
+    :param thinning: a draw is kept at every ``thinning``-th step (counted from the first step).
     :param schedule: ``"constant"`` or ``"cyclical"`` (cSGLD; ``num_cycles``, ``exploration``).
+    :param num_cycles: the cyclical schedule's cycles.
+    :param exploration: the fraction of each cycle run without noise and without draws.
+    :param batch_size: training points per step, in a seeded random order.
     :param num_chains: chains run as one batch, each started at the network's own initialization
         under seed ``seed + k`` (as deep-ensemble members are), or from ``init``.
+    :param init: starting positions: a :class:`~pyrobnn.infer.results.posterior.Posterior` (its
+        last draws: one chain per ensemble member) or a ``(chains, dim)`` tensor.
+    :param seed: seeds the starts, the data order and the noise.
+    :param progress: show a progress bar.
     :param checkpoint: a file to write the chains' state to (positions, momenta, random
         generators, data order, draws so far), or a
         :class:`~pyrobnn.infer.core.checkpoints.Checkpointing` (every ``every`` steps or ``seconds``
@@ -172,27 +149,74 @@ def sgld(
     of the epoch (``ceil(N / batch_size)`` steps) a
     :class:`~pyrobnn.infer.core.failures.NonFiniteLossError` names the step.
     """
-    return _run(model, x, y, "sgld", step_size=step_size, friction=None, num_steps=num_steps, num_burnin=num_burnin,
+    return _run("sgld", model, x, y, step_size=step_size, friction=None, num_steps=num_steps, num_burnin=num_burnin,
                 thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
                 num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint)
 
 
+@checked("sghmc")
 def sghmc(
     model, x, y, *, step_size: float = 1e-5, friction: float = 0.1, num_steps: int = 10_000, num_burnin=None,
     thinning: int = 50, schedule: str = "constant", num_cycles: int = 4, exploration: float = 0.5, batch_size: int = 128,
     num_chains: int = 1, init=None, seed: int = 0, progress: bool = True, checkpoint=None,
 ) -> Posterior:
     """SGHMC draws (learning rate ``step_size`` :math:`= \\eta`, or ``"auto"`` as in :func:`sgld`;
-    ``friction`` :math:`= \\alpha`); otherwise as :func:`sgld`. With ``schedule="cyclical"`` this
-    is cSGHMC."""
-    return _run(model, x, y, "sghmc", step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin,
+    ``friction`` :math:`= \\alpha`, in (0, 1]); every other argument as in :func:`sgld`. With
+    ``schedule="cyclical"`` this is cSGHMC."""
+    return _run("sghmc", model, x, y, step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin,
                 thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
                 num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint)
 
 
+def _burnin_in_range(options):
+    burnin = options["num_burnin"]
+    if options["schedule"] == "constant" and burnin is not None and not (
+        isinstance(burnin, int) and not isinstance(burnin, bool) and 0 <= burnin < options["num_steps"]
+    ):
+        return f"num_burnin must be an integer in [0, num_steps), got {burnin!r}"
+    return None
+
+
+def _cycles_fit(options):
+    if options["schedule"] == "cyclical" and options["num_cycles"] > options["num_steps"]:
+        return f"num_cycles ({options['num_cycles']}) exceeds num_steps ({options['num_steps']})"
+    return None
+
+
+def _keeps_a_draw(options):
+    """A run that would keep no draw is refused at the call, not after it."""
+    if options["schedule"] not in SCHEDULES or _burnin_in_range(options) or _cycles_fit(options):
+        return None  # refused by the rules above
+    burnin = options["num_steps"] // 2 if options["num_burnin"] is None else options["num_burnin"]
+    schedule = StepSizeSchedule(1.0, options["num_steps"], options["schedule"], options["num_cycles"], options["exploration"], burnin)
+    if not any(schedule.keeps(k, options["thinning"]) for k in range(options["num_steps"])):
+        return f"no draws kept: num_steps={options['num_steps']} with thinning={options['thinning']} keeps none after burn-in"
+    return None
+
+
+def _warm_start(model, previous, x, y, options, fraction, seed):
+    """A refit from the previous chains' last draws: the burn-in cut to ``fraction``, the steps
+    after it as many as before."""
+    warm = dict(options, init=previous, num_chains=previous.num_chains)
+    steps = options.get("num_steps", 10_000)
+    burnin = options.get("num_burnin")
+    burnin = steps // 2 if burnin is None else burnin
+    warm["num_burnin"] = scaled_budget(burnin, fraction)
+    warm["num_steps"] = steps - burnin + warm["num_burnin"]
+    return warm
+
+
 _SG_BUDGETS = {"num_steps": 1, "thinning": 1, "num_cycles": 1, "batch_size": 1, "num_chains": 1}
+_SG_CONSTRAINTS = {
+    "step_size": Either(Positive(), "auto"), "schedule": OneOf(SCHEDULES), "exploration": Interval(0.0, 1.0, "left", "a fraction"),
+}
+_SG_RULES = (_burnin_in_range, _cycles_fit, _keeps_a_draw)
 _SG_QUICK = {"num_steps": 6, "thinning": 2, "batch_size": 16, "num_chains": 2, "step_size": "auto", "progress": False}
+_SG_WARM_START = WarmStart(prepare=_warm_start, names=("init", "num_chains", "num_burnin", "num_steps"))
 register(MethodSpec("sgld", "SGLD: Langevin dynamics on minibatch gradients (constant or cyclical steps)", "sgmcmc", sgld,
-                    latent_only_support(), budgets=_SG_BUDGETS, quick=_SG_QUICK))
+                    latent_only_support(), budgets=_SG_BUDGETS, constraints=_SG_CONSTRAINTS, rules=_SG_RULES, quick=_SG_QUICK,
+                    bo_options=dict(num_steps=4000, thinning=50, step_size="auto"), warm_start=_SG_WARM_START))
 register(MethodSpec("sghmc", "SGHMC: Hamiltonian dynamics with friction on minibatch gradients", "sgmcmc", sghmc,
-                    latent_only_support(), budgets=_SG_BUDGETS, quick=_SG_QUICK))
+                    latent_only_support(), budgets=_SG_BUDGETS, constraints={**_SG_CONSTRAINTS, "friction": Interval(0.0, 1.0, "right")},
+                    rules=_SG_RULES, quick=_SG_QUICK, bo_options=dict(num_steps=4000, thinning=50, step_size="auto"),
+                    warm_start=_SG_WARM_START))

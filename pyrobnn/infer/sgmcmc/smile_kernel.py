@@ -62,14 +62,16 @@ that still gives a non-finite position or energy is undone like a reset and coun
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from statistics import NormalDist
+from typing import NamedTuple
 
 import torch
 
 from pyrobnn.infer.core.integrators import MCLACHLAN_B1, esh_velocity_update, partial_refresh
+from pyrobnn.infer.core.kernel import Kernel
 
-__all__ = ["SMILEState", "SMILESettings", "smile_init", "smile_step", "gamma_quantile", "preconditioner", "MAX_GRAD"]
+__all__ = ["SMILEState", "SMILESettings", "SMILEInfo", "SMILE", "smile_init", "smile_step", "gamma_quantile", "preconditioner", "MAX_GRAD"]
 
 #: gradients are clipped to this magnitude before use (the authors' guard)
 MAX_GRAD = 1e6
@@ -92,8 +94,7 @@ class SMILESettings:
     L: float | None = None
 
 
-@dataclass
-class SMILEState:
+class SMILEState(NamedTuple):
     """Per-chain state; tensors of shape ``(C, D)`` or ``(C,)``. ``u`` is a unit vector or zero
     (after a reset); ``grad`` and ``log_density`` are the minibatch estimates at ``z`` on the
     batch of the last step; ``grad_mean``/``grad_sd`` the preconditioner's averages;
@@ -110,12 +111,14 @@ class SMILEState:
     energy_sd: torch.Tensor
     time: torch.Tensor
 
-    def state_dict(self) -> dict:
-        return {f.name: getattr(self, f.name).cpu() for f in fields(self)}
 
-    @classmethod
-    def from_state_dict(cls, state: dict, device=None) -> "SMILEState":
-        return cls(**{f.name: state[f.name].to(device) for f in fields(cls)})
+class SMILEInfo(NamedTuple):
+    """Per chain, of one step: the energy error (0 for an undone step), whether the guardrail
+    undid the step (``reset``) and whether it was ``finite``."""
+
+    energy_change: torch.Tensor
+    reset: torch.Tensor
+    finite: torch.Tensor
 
 
 def _safe(grad):
@@ -229,3 +232,40 @@ def smile_step(state: SMILEState, log_density_and_grad, settings: SMILESettings,
         grad_mean, grad_sd = state.grad_mean, state.grad_sd
     new = SMILEState(z_new, u_new, grad_new, log_density, step_size, grad_mean, grad_sd, energy_mean, energy_sd, t + 1.0)
     return new, torch.where(finite, energy_change, torch.zeros_like(energy_change)), reset & finite, finite
+
+
+class SMILE(Kernel):
+    """The SMILE kernel with fixed ``settings`` (:class:`SMILESettings`), on minibatch targets
+    ``z -> (log p̂, grad log p̂)``, a batch per chain and step; the runner's settings of a step
+    say whether it adapts (the warm-up: the preconditioner, and with ``settings.tune`` the step
+    size). ``step_size`` is every chain's initial step size."""
+
+    name, unit = "SMILE", "steps"
+    State = SMILEState
+    tallies = ("resets", "nonfinite")
+    evaluations_per_step = 2
+
+    def __init__(self, settings: SMILESettings, step_size: float):
+        self.settings, self.step_size = settings, step_size
+
+    def init(self, position, data, generator) -> SMILEState:
+        return smile_init(position, data.next_target(), self.step_size)
+
+    def randoms(self, state: SMILEState, adapting: bool, generator):
+        if self.settings.L is None:
+            return None
+        z = state.z
+        return torch.randn(z.shape, generator=generator, dtype=z.dtype, device=z.device)
+
+    def step(self, state, target, noise, adapting: bool):
+        state, change, reset, finite = smile_step(state, target, self.settings, warmup=adapting, noise=noise)
+        return state, SMILEInfo(change, reset, finite)
+
+    def record(self, state: SMILEState, info: SMILEInfo) -> dict:
+        return {"z": state.z, "energy_change": info.energy_change}
+
+    def tally(self, info: SMILEInfo) -> dict:
+        return {"resets": info.reset.long(), "nonfinite": (~info.finite).long()}
+
+    def final(self, state: SMILEState) -> dict:
+        return {"step_size": state.step_size}

@@ -49,7 +49,8 @@ from pyrobnn.infer.core.minibatch import MinibatchLoop
 from pyrobnn.infer.core.problem import flat_problem, training_data
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.variational import VariationalPosterior
-from pyrobnn.methods import MethodSpec, check_budget, latent_only_support, refuse_unsupported, register
+from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register
+from pyrobnn.utils.constraints import Either, Interval, OneOf, Positive
 from pyrobnn.models.distributions import ScalarNormal
 from pyrobnn.utils.progress import tqdm
 
@@ -127,6 +128,7 @@ def _gaussian_log_prior(w, loc, scale):
     return (-0.5 * ((w - loc) / scale).square() - scale.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
+@checked("ivon")
 def ivon(
     model, x, y, *, epochs: int = 100, batch_size: int = 128, lr: float = 0.1, hess_init: float = 1.0, beta1: float = 0.9,
     beta2: float | None = None, mc_samples: int = 1, ess: float | None = None, clip_radius: float = math.inf,
@@ -166,30 +168,12 @@ def ivon(
         :math:`h = 1/(\lambda \sigma^2) - \delta` (at least ``hess_init``), so that a refit
         after new data arrive needs fewer epochs.
     """
-    refuse_unsupported("ivon", model)
     if init is not None and not (isinstance(init, VariationalPosterior) and isinstance(init.guide, MeanFieldNormal)):
         raise TypeError(f"init must be a VariationalPosterior with a MeanFieldNormal guide (an IVON result), got {type(init).__name__}")
-    for name, value in (("epochs", epochs), ("batch_size", batch_size), ("mc_samples", mc_samples)):
-        check_budget("ivon", name, value)
-    for name, value in (("lr", lr), ("hess_init", hess_init)):
-        if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
-            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    if not (isinstance(beta1, (int, float)) and 0 <= beta1 < 1):
-        raise ValueError(f"beta1 must be in [0, 1), got {beta1!r}")
-    if beta2 is not None and not (isinstance(beta2, (int, float)) and 0 <= beta2 < 1):
-        raise ValueError(f"beta2 must be in [0, 1) or None, got {beta2!r}")
-    if schedule not in ("cosine", "constant"):
-        raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
-    if not (isinstance(warmup, (int, float)) and 0 <= warmup < 1):
-        raise ValueError(f"warmup must be a fraction of the run in [0, 1), got {warmup!r}")
-    if not (isinstance(clip_radius, (int, float)) and clip_radius > 0):
-        raise ValueError(f"clip_radius must be a positive number, got {clip_radius!r}")
     x, y = training_data(model, x, y)
     n = x.shape[0]
     if ess is None:
         ess = float(n)
-    elif not (isinstance(ess, (int, float)) and ess > 0 and math.isfinite(ess)):
-        raise ValueError(f"ess must be a positive finite number, got {ess!r}")
     with flat_problem(model, x, y, seed) as problem:
         y, potential, generator = problem.y, problem.potential, problem.generator
         prior_loc, prior_scale, latent = (t.to(model.device) for t in _prior_map(potential))
@@ -313,9 +297,17 @@ def _guide(model, potential, m, sigma) -> MeanFieldNormal:
     return guide
 
 
+_POSITIVE = Positive(description="a positive finite number")
 register(MethodSpec(
     "ivon", "IVON: a diagonal Gaussian by natural-gradient variational learning (returns a MeanFieldNormal guide)", "variational",
     ivon, latent_only_support(priors=("normal",), reasons={"prior": "a Normal prior is IVON's weight decay"}),
     budgets={"epochs": 1, "batch_size": 1, "mc_samples": 1},
+    constraints={
+        "lr": _POSITIVE, "hess_init": _POSITIVE, "ess": Either(_POSITIVE, None), "beta1": Interval(0.0, 1.0, "left"),
+        "beta2": Either(Interval(0.0, 1.0, "left"), None), "schedule": OneOf(("cosine", "constant")),
+        "warmup": Interval(0.0, 1.0, "left", "a fraction of the run"), "clip_radius": Positive(finite=False),
+    },
     quick={"epochs": 2, "batch_size": 16, "progress": False},
+    bo_options=dict(epochs=1000, lr=0.1, ess=None),
+    warm_start=WarmStart(init="init", scaled=("epochs",)),
 ))

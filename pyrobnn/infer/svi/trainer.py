@@ -14,16 +14,15 @@ import pyro
 import torch
 
 from pyrobnn.guides import ConcreteDropout, GaussianDropout, MCDropout, MeanFieldNormal, SparseVariationalDropout, VariationalDropout
-from pyrobnn.infer.core.checkpoints import Checkpointing
-from pyrobnn.infer.core.failures import NonFiniteLossError, OverflowGuard, StepFailures, grads_not_finite, skips_on_device
-from pyrobnn.infer.core.interrupts import RunInterrupted, stop_signals
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint, state_digest
+from pyrobnn.infer.core.failures import NonFiniteLossError, OverflowGuard, StepFailures, grads_not_finite, guarded_optimizer_step
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
 from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.methods import MethodSpec, Support, register
 from pyrobnn.models import BayesianModel
 from pyrobnn.utils import memory
-from pyrobnn.utils.io import WriteError, atomic_save, safe_load
+from pyrobnn.utils.io import safe_load
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import (
     as_tensor,
@@ -35,7 +34,7 @@ from pyrobnn.utils.validation import (
     validate_training_data,
 )
 
-__all__ = ["fit", "SVITrainer", "History", "default_optimizer", "with_guide"]
+__all__ = ["fit", "SVITrainer", "History", "TrainingCheckpoint", "default_optimizer", "with_guide"]
 
 
 def _check_same_tensors(what, current: dict, saved: dict) -> None:
@@ -226,15 +225,7 @@ class SVITrainer:
             torch.nn.utils.clip_grad_norm_([p for p in self._params if p.grad is not None], self.clip_grad_norm, foreach=True)
         self.failures.record(self.history.steps, self.epoch, data_cause, bad_loss, bad_grad, value)
         self._guard.save()
-        if skips_on_device(self.optimizer):
-            self.optimizer.found_inf = self.failures.failed.to(torch.float32)
-            try:
-                self.optimizer.step()
-            finally:
-                del self.optimizer.found_inf
-        else:
-            self._raise_failures()  # a host sync: this optimizer cannot skip on the device
-            self.optimizer.step()
+        guarded_optimizer_step(self.optimizer, self.failures, self._raise_failures)
         with torch.no_grad():
             bad_update = self._guard.undo_overflow()
         if bad_update is not None:
@@ -345,32 +336,27 @@ class SVITrainer:
             torch.cuda.set_rng_state_all(cuda_rng)
         self.generator.set_state(state["data_rng"])
 
-    def save_checkpoint(self, path) -> None:
-        """Write the training state atomically; a state with non-finite parameters is refused
-        (and nothing is written), so a checkpoint always holds a state training can go on from."""
+    def _checkpoint_state(self, path) -> dict:
+        """The state to write to ``path``; a state with non-finite parameters is refused, so a
+        checkpoint always holds a state training can go on from."""
         bad = [n for n, p in (*self.model.named_parameters(), *self.guide.named_parameters()) if not bool(torch.isfinite(p).all())]
         if bad:
-            raise NonFiniteLossError(
-                f"not writing {path}: the parameters {bad[:5]} are not finite", self.history.steps, self.epoch
-            )
-        atomic_save({"format": "pyrobnn-checkpoint", "state": self.state_dict()}, path)
+            raise NonFiniteLossError(f"not writing {path}: the parameters {bad[:5]} are not finite", self.history.steps, self.epoch)
+        return self.state_dict()
 
-    @staticmethod
-    def _interrupted(stop, checkpoint, written, where) -> RunInterrupted:
-        path = checkpoint.path
-        if written is None:
-            text = f"SVI training stopped by {stop.signal_name} after {where}; no state had been written to {path} yet: fit again to start over"
-        else:
-            text = (f"SVI training stopped by {stop.signal_name} after {where}; its state after epoch {written} is in {path}: "
-                    f"the same call with checkpoint={path!r} and resume=True goes on from there")
-        return RunInterrupted(text, signal_name=stop.signal_name, path=path if written is not None else None, done=written)
+    def save_checkpoint(self, path) -> None:
+        """Write the training state atomically (:class:`TrainingCheckpoint`); a state with
+        non-finite parameters is refused (and nothing is written)."""
+        TrainingCheckpoint(path).save(self._checkpoint_state(path), self.epoch)
 
     def load_checkpoint(self, path, x=None, y=None, dataset_size=None) -> None:
         # onto the CPU: the random generators' states must be CPU tensors, and the module and
         # optimizer states are copied onto their parameters' devices as they load
         obj = safe_load(path, map_location="cpu")
-        if not isinstance(obj, dict) or obj.get("format") != "pyrobnn-checkpoint":
+        if not isinstance(obj, dict) or obj.get("format") != TrainingCheckpoint.FORMAT:
             raise ValueError(f"{path} is not a pyrobnn training checkpoint")
+        if "sha256" in obj and state_digest(obj["state"]) != obj["sha256"]:
+            raise ValueError(f"{path} is corrupted (its state does not match its SHA-256): remove the file or pass another checkpoint path")
         self.load_state_dict(obj["state"], x, y, dataset_size)
 
     # -------------------------------------------------------------------- fit
@@ -408,86 +394,106 @@ class SVITrainer:
             into ``history.extra`` and the progress bar.
         :param seed: seeds Pyro/torch and the shuffling (ignored when resuming).
         """
-        if loader is None:
-            x, y = validate_training_data(self.model, x, y)
-            n = x.shape[0]
-            if batch_size is None:
-                batch_size = _default_batch_size(self.model, x, self.objective.num_particles)
-            check_positive_int("batch_size", batch_size)
-            source = (x.to(self.model.device), y.to(self.model.device))
-            steps_per_epoch = math.ceil(n / batch_size)
-            first_x, first_y = x[:1], y[:1]
-        else:
-            n = len(loader.dataset)
-            if n == 0:
-                raise ValueError("the DataLoader's dataset is empty")
-            source = loader
-            steps_per_epoch = len(loader)
-            first_x, first_y = loader_pair(next(iter(loader)))
-            validate_training_data(self.model, first_x, first_y)
+        source, batch_size, n, steps_per_epoch, first = self._training_data(x, y, loader, batch_size)
         if not isinstance(epochs, numbers.Integral) or isinstance(epochs, bool) or epochs < 0:
             raise ValueError(f"epochs must be a non-negative integer, got {epochs!r}")
-        checkpoint = Checkpointing.of(checkpoint)
-        self.batch_size = batch_size if loader is None else loader.batch_size
-
-        if resume and checkpoint is not None and os.path.exists(checkpoint.path):
-            self.load_checkpoint(checkpoint.path, first_x, first_y, n)
+        checkpoint = TrainingCheckpoint(Checkpointing.of(checkpoint))
+        self.batch_size = batch_size
+        if resume and checkpoint.enabled and os.path.exists(checkpoint.path):
+            self.load_checkpoint(checkpoint.path, *first, n)
+            checkpoint.written = self.epoch
         elif seed is not None:
             pyro.set_rng_seed(seed)
             self.generator.manual_seed(seed)
 
         bar = tqdm(total=epochs, initial=self.epoch, disable=not progress, desc="SVI", unit="epoch", dynamic_ncols=True)
         start_time = time.perf_counter() - (self.history.seconds[-1] if self.history.seconds else 0.0)
-        last_write = time.monotonic()
-        written = self.epoch if resume and checkpoint is not None and os.path.exists(checkpoint.path) else None
-        write_failed = False
-        with stop_signals(checkpoint is not None) as stop:
+        with checkpoint.stoppable():
             try:
                 while self.epoch < epochs:
-                    sums, beta_sum, count = 0.0, 0.0, 0
-                    for i, (xb, yb) in enumerate(_batches(source, batch_size, self.generator)):
-                        if stop.overdue():
-                            raise self._interrupted(stop, checkpoint, written, f"{i} steps into epoch {self.epoch + 1}")
-                        t = self.epoch + i / steps_per_epoch
-                        loss, nll, kl, beta = self._step_tensors(xb, yb, n, t, validated=loader is None)
-                        sums = sums + torch.stack([loss.to(nll.dtype), nll, kl])
-                        beta_sum += beta
-                        count += 1
-                    self._raise_failures()  # the epoch's one host synchronization, with the next line
-                    loss, nll, kl = (sums / count).tolist()
-                    h = self.history
-                    h.epoch.append(self.epoch + 1)
-                    h.loss.append(loss)
-                    h.nll.append(nll)
-                    h.kl.append(kl)
-                    h.kl_weight.append(beta_sum / count)
-                    h.seconds.append(time.perf_counter() - start_time)
-                    h.kl_methods = self.objective.kl_methods
-                    self.epoch += 1
-                    shown = {"nll": f"{h.nll[-1]:.4g}", "kl": f"{h.kl[-1]:.4g}"}
-                    if self.kl_annealing is not None:
-                        shown["beta"] = f"{h.kl_weight[-1]:.2f}"
-                    if callback is not None:
-                        for k, v in (callback(self, self.epoch) or {}).items():
-                            h.extra.setdefault(k, []).append(v)
-                            shown[k] = f"{v:.4g}" if isinstance(v, float) else v
-                    bar.set_postfix(shown, refresh=False)
+                    means, kl_weight = self._epoch(source, batch_size, n, steps_per_epoch, loader is None, checkpoint)
+                    bar.set_postfix(self._record_epoch(means, kl_weight, start_time, callback), refresh=False)
                     bar.update(1)
-                    if checkpoint is not None and (self.epoch == epochs or stop.requested or checkpoint.due(self.epoch, last_write)):
-                        try:
-                            self.save_checkpoint(checkpoint.path)
-                            written, write_failed = self.epoch, False
-                        except WriteError as e:  # the run goes on; the file keeps its earlier state
-                            if not write_failed:  # once until a write succeeds again
-                                held = f"it holds epoch {written}" if written is not None else "no state is saved"
-                                warnings.warn(f"SVI: the state after epoch {self.epoch} was not saved: {e}; training goes on ({held}), and each later write tries again", stacklevel=2)
-                            write_failed = True
-                        last_write = time.monotonic()
-                    if stop.requested:
-                        raise self._interrupted(stop, checkpoint, written, f"epoch {self.epoch}")
+                    checkpoint.after(self.epoch, lambda: self._checkpoint_state(checkpoint.path), last=self.epoch == epochs, unit="epochs")
             finally:
                 bar.close()
         return self.history
+
+    def _training_data(self, x, y, loader, batch_size):
+        """``(source, batch_size, n, steps_per_epoch, first)``: tensors checked whole and moved to
+        the model's device (``batch_size`` chosen by the memory budget where not given) or the
+        loader (and its batch size), the data set's size, the steps of an epoch and one example
+        ``(x, y)``."""
+        if loader is None:
+            x, y = validate_training_data(self.model, x, y)
+            n = x.shape[0]
+            if batch_size is None:
+                batch_size = _default_batch_size(self.model, x, self.objective.num_particles)
+            check_positive_int("batch_size", batch_size)
+            return (x.to(self.model.device), y.to(self.model.device)), batch_size, n, math.ceil(n / batch_size), (x[:1], y[:1])
+        n = len(loader.dataset)
+        if n == 0:
+            raise ValueError("the DataLoader's dataset is empty")
+        first = loader_pair(next(iter(loader)))
+        validate_training_data(self.model, *first)
+        return loader, loader.batch_size, n, len(loader), first
+
+    def _epoch(self, source, batch_size, n: int, steps_per_epoch: int, validated: bool, checkpoint) -> tuple:
+        """One pass over the data, one step per batch, without a host synchronization until its
+        end, where a failed step is reported (:meth:`_raise_failures`). A stop signal that is
+        :data:`~pyrobnn.infer.core.interrupts.GRACE_SECONDS` old stops it between batches.
+        Returns the epoch's mean ``[loss, nll, kl]`` and mean KL weight."""
+        sums, beta_sum, count = 0.0, 0.0, 0
+        for i, (xb, yb) in enumerate(_batches(source, batch_size, self.generator)):
+            if checkpoint.stop_overdue():
+                raise checkpoint.interrupted(self.epoch, "epochs")
+            loss, nll, kl, beta = self._step_tensors(xb, yb, n, self.epoch + i / steps_per_epoch, validated=validated)
+            sums = sums + torch.stack([loss.to(nll.dtype), nll, kl])
+            beta_sum += beta
+            count += 1
+        self._raise_failures()  # the epoch's one host synchronization, with the next line
+        return (sums / count).tolist(), beta_sum / count
+
+    def _record_epoch(self, means, kl_weight: float, start_time: float, callback) -> dict:
+        """The epoch's figures into the history (and the ``callback``'s), the epoch counted; returns
+        what the progress bar shows."""
+        h = self.history
+        h.epoch.append(self.epoch + 1)
+        h.loss.append(means[0])
+        h.nll.append(means[1])
+        h.kl.append(means[2])
+        h.kl_weight.append(kl_weight)
+        h.seconds.append(time.perf_counter() - start_time)
+        h.kl_methods = self.objective.kl_methods
+        self.epoch += 1
+        shown = {"nll": f"{h.nll[-1]:.4g}", "kl": f"{h.kl[-1]:.4g}"}
+        if self.kl_annealing is not None:
+            shown["beta"] = f"{h.kl_weight[-1]:.2f}"
+        if callback is not None:
+            for k, v in (callback(self, self.epoch) or {}).items():
+                h.extra.setdefault(k, []).append(v)
+                shown[k] = f"{v:.4g}" if isinstance(v, float) else v
+        return shown
+
+
+class TrainingCheckpoint(RunCheckpoint):
+    """The checkpoint of :meth:`SVITrainer.fit`: the trainer's whole state (the model's and the
+    guide's parameters, the optimizer, the history, the random generators) in a format of its own
+    (``"pyrobnn-checkpoint"``), which :meth:`SVITrainer.load_checkpoint` reads, checking the
+    modules' names and shapes, and ``fit(..., resume=True)`` goes on from. Written, timed,
+    warned about and stopped on as every run's checkpoint
+    (:class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint`)."""
+
+    FORMAT = "pyrobnn-checkpoint"
+
+    def __init__(self, checkpointing):
+        super().__init__(checkpointing, "SVI", {})
+
+    def position(self, count: int, unit: str) -> str:
+        return f"epoch {count}"
+
+    def resume_hint(self, finished: bool = False) -> str:
+        return f"the same call with checkpoint={self.path!r} and resume=True " + ("returns it at once" if finished else "goes on from there")
 
 
 #: what :func:`fit` passes to :class:`SVITrainer` and what to :meth:`SVITrainer.fit`: their own

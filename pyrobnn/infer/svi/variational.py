@@ -22,6 +22,7 @@ from pyrobnn.infer.results.predictive import predict_guide
 from pyrobnn.infer.results.protocol import Result, describe_settings, plain
 from pyrobnn.infer.svi.history import History
 from pyrobnn.utils.io import load, safe_load, save
+from pyrobnn.utils.modes import eval_mode
 from pyrobnn.utils.validation import check_positive_int
 
 __all__ = ["VariationalPosterior"]
@@ -85,16 +86,10 @@ class VariationalPosterior(Result):
         if seed is not None:
             pyro.set_rng_seed(seed)
         names = [s.name for s in self.model.sites] + list(self.model.likelihood.latent_sites())
-        was = getattr(self.guide, "training", False)
-        if isinstance(self.guide, torch.nn.Module):
-            self.guide.eval()
         start = time.perf_counter()
-        try:
+        with eval_mode(self.guide if isinstance(self.guide, torch.nn.Module) else None):
             args = () if x is None else (x,)
             draws = Predictive(self.guide, num_samples=num_samples, parallel=True, return_sites=names)(*args)
-        finally:
-            if isinstance(self.guide, torch.nn.Module):
-                self.guide.train(was)
         # detached: a draw may be a parameter itself (a bias without dropout noise)
         samples = {k: draws[k].detach().reshape((1, num_samples) + tuple(draws[k].shape[1:])) for k in names}
         settings = dict(self.settings, draws_seed=seed)
