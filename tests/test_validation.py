@@ -192,6 +192,55 @@ def test_fit_refuses_fractional_epochs_and_zero_particles_or_checkpoint_interval
     assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())
 
 
+def test_a_checkpoint_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
+    """A folder, a path below a file, or a folder without write permission: refused at the call
+    by every method that checkpoints, naming the path and why; nothing trains, nothing is
+    written. (A failure that arises during the run, a full disk, only warns: tests/faults.)"""
+    import os
+
+    import pyrobnn
+    from pyrobnn.utils import io
+
+    x, y = torch.randn(8, 1), torch.randn(8)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(1, 1, hidden=(3,)), pyrobnn.GaussianLikelihood(scale=0.1))
+    guide = pyrobnn.MeanFieldNormal(model)
+    before = {k: v.clone() for k, v in guide.state_dict().items()}
+    (tmp_path / "a_file").write_text("")
+    cases = [(tmp_path, "it is a folder"), (tmp_path / "a_file" / "run.ckpt", "a_file is a file, not a folder")]
+    calls = [
+        lambda path: pyrobnn.fit(model, guide, x, y, epochs=1, checkpoint=path, progress=False),
+        lambda path: pyrobnn.nuts(model, x, y, num_samples=2, num_warmup=2, checkpoint=path, progress=False),
+        lambda path: pyrobnn.sgld(model, x, y, num_steps=4, thinning=1, checkpoint=path, progress=False),
+        lambda path: pyrobnn.deep_ensemble(model, x, y, num_members=2, max_epochs=1, checkpoint=path, progress=False),
+    ]
+    for path, reason in cases:
+        for call in calls:
+            with pytest.raises(ValueError, match=f"checkpoint {path} cannot be written: .*{reason}"):
+                call(path)
+    # a folder without write permission (os.access is what decides; as root it always allows)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.setattr(io.os, "access", lambda p, mode: os.fspath(p) != os.fspath(locked))
+    with pytest.raises(ValueError, match=f"the folder {locked} is not writable"):
+        calls[0](locked / "run.ckpt")
+    with pytest.raises(ValueError, match=f"the folder {locked} is not writable \\(to create {locked}/new in\\)"):
+        calls[2](locked / "new" / "run.ckpt")
+    assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "locked"]
+
+
+def test_a_failed_write_names_its_own_cause():
+    """Free space is advised only where the disk is full; another failure says what it was."""
+    import errno
+
+    from pyrobnn.utils.io import _write_error
+
+    full = str(_write_error(OSError(errno.ENOSPC, "No space left on device"), "/data/run.ckpt", True))
+    assert "no space left on the device (the earlier /data/run.ckpt is unchanged; free space in /data or write elsewhere)" in full
+    denied = str(_write_error(OSError(errno.EACCES, "Permission denied"), "/data/run.ckpt", False))
+    assert denied == "could not write /data/run.ckpt: Permission denied (no file was written; write elsewhere)"
+
+
 def test_the_model_refuses_non_finite_data_under_pyros_own_svi_and_predictive(monkeypatch):
     import pyro
 

@@ -25,7 +25,10 @@ import time
 
 import torch
 
-__all__ = ["save", "load", "atomic_save", "atomic_write_text", "atomic_write_bytes", "record_results", "safe_load", "describe", "WriteError"]
+__all__ = [
+    "save", "load", "atomic_save", "atomic_write_text", "atomic_write_bytes", "record_results", "safe_load", "describe", "WriteError",
+    "unwritable_reason",
+]
 
 FORMAT = "pyrobnn"
 VERSION = 1
@@ -81,9 +84,29 @@ def _write_error(e: OSError, path: str, existed: bool) -> WriteError:
     what = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is exceeded", errno.EFBIG: "the file is too large for the file system or its limit"}
     reason = what.get(e.errno, e.strerror or str(e))
     kept = f"the earlier {path} is unchanged" if existed else "no file was written"
-    err = WriteError(e.errno, f"could not write {path}: {reason} ({kept}; free space in {os.path.dirname(path) or '.'} or write elsewhere)")
+    remedy = f"free space in {os.path.dirname(path) or '.'} or write elsewhere" if e.errno in what else "write elsewhere"
+    err = WriteError(e.errno, f"could not write {path}: {reason} ({kept}; {remedy})")
     err.filename = path
     return err
+
+
+def unwritable_reason(path):
+    """Why an atomic write to ``path`` (which creates missing folders) cannot succeed, as far as
+    the file system tells without writing anything: ``None`` where it can. A full disk is not
+    foreseen here; the write itself names it."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        return "it is a folder (pass a file path in it)"
+    folder = existing = os.path.dirname(path)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"the folder {existing} is not writable" + ("" if existing == folder else f" (to create {folder} in)")
+    if os.path.exists(path) and not os.access(path, os.R_OK):
+        return "it exists and cannot be read"
+    return None
 
 
 def _write_all(fd: int, data) -> None:

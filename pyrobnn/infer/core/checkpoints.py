@@ -34,7 +34,7 @@ import torch
 
 from pyrobnn.infer.core.interrupts import RunInterrupted, stop_signals
 from pyrobnn.infer.results.protocol import structure
-from pyrobnn.utils.io import WriteError, atomic_save, safe_load
+from pyrobnn.utils.io import WriteError, atomic_save, safe_load, unwritable_reason
 from pyrobnn.utils.validation import check_positive_int, check_positive_number
 
 __all__ = ["Checkpointing", "RunCheckpoint", "digest", "state_digest", "watching", "FORMAT"]
@@ -113,12 +113,23 @@ class Checkpointing:
     @classmethod
     def of(cls, checkpoint) -> "Optional[Checkpointing]":
         """``checkpoint`` as a method's argument takes it: ``None`` (no checkpoints), a path, or a
-        :class:`Checkpointing`."""
-        if checkpoint is None or isinstance(checkpoint, Checkpointing):
-            return checkpoint
+        :class:`Checkpointing`; a path that cannot be written (a folder, a folder without write
+        permission) is refused here, before the run does any work (:meth:`check_writable`)."""
+        if checkpoint is None:
+            return None
         if isinstance(checkpoint, (str, os.PathLike)):
-            return cls(checkpoint)
-        raise TypeError(f"checkpoint must be a file path or a Checkpointing(path, every=..., seconds=...), got {type(checkpoint).__name__}")
+            checkpoint = cls(checkpoint)
+        elif not isinstance(checkpoint, Checkpointing):
+            raise TypeError(f"checkpoint must be a file path or a Checkpointing(path, every=..., seconds=...), got {type(checkpoint).__name__}")
+        checkpoint.check_writable()
+        return checkpoint
+
+    def check_writable(self) -> None:
+        """Refuse a path the run could never write its state to, naming it and why (a write that
+        fails during the run, a full disk, only warns: the run goes on)."""
+        reason = unwritable_reason(self.path)
+        if reason is not None:
+            raise ValueError(f"checkpoint {self.path} cannot be written: {reason}; pass another path")
 
     def with_suffix(self, suffix: str) -> "Checkpointing":
         """The same options for the file ``path + suffix`` (a process group's, a MAP's)."""
