@@ -241,6 +241,16 @@ def test_a_failed_write_names_its_own_cause():
     assert denied == "could not write /data/run.ckpt: Permission denied (no file was written; write elsewhere)"
 
 
+def test_mlp_names_the_activations_it_knows():
+    import pyrobnn
+
+    with pytest.raises(ValueError, match=r"activation must be one of \['elu', 'gelu', 'relu', 'sigmoid', 'tanh'\] or an nn.Module class, got 'foo'"):
+        pyrobnn.MLP(1, 1, activation="foo")
+    with pytest.raises(TypeError, match="activation must be one of"):
+        pyrobnn.MLP(1, 1, activation=3)
+    assert isinstance(pyrobnn.MLP(1, 1, activation=nn.SiLU)[1], nn.SiLU)
+
+
 def test_the_model_refuses_non_finite_data_under_pyros_own_svi_and_predictive(monkeypatch):
     import pyro
 

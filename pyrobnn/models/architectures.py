@@ -16,11 +16,19 @@ class MLP(nn.Sequential):
     uses one hidden layer of 50 units (100 for protein): ``MLP(d, 1, hidden=(50,))``.
 
     :param activation: ``"relu"`` (default), ``"tanh"``, ``"sigmoid"``, ``"gelu"``, ``"elu"``
-        or an ``nn.Module`` class.
+        or an ``nn.Module`` class (anything that builds the module when called: ``nn.SiLU``,
+        ``functools.partial(nn.LeakyReLU, 0.1)``).
     """
 
     def __init__(self, in_features: int, out_features: int, hidden=(50,), activation="relu"):
-        act = _ACTIVATIONS[activation] if isinstance(activation, str) else activation
+        if isinstance(activation, str):
+            if activation not in _ACTIVATIONS:
+                raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)} or an nn.Module class, got {activation!r}")
+            act = _ACTIVATIONS[activation]
+        elif callable(activation):
+            act = activation
+        else:
+            raise TypeError(f"activation must be one of {sorted(_ACTIVATIONS)} or an nn.Module class, got {activation!r}")
         layers = []
         width = in_features
         for h in hidden:
