@@ -404,13 +404,26 @@ def welford_variance(state: Welford):
     return (n / (n + 5.0)) * var + 1e-3 * (5.0 / (n + 5.0))
 
 
-def warmup_windows(num_warmup: int, init_buffer: int = 75, term_buffer: int = 50, base_window: int = 25):
-    """Iterations at which Stan's windowed adaptation ends a mass-matrix window."""
+def warmup_windows(num_warmup: int, init_buffer: int = 75, term_buffer: int = 50, base_window: int = 25, min_term_buffer: int = 20):
+    """Iterations at which the windowed adaptation ends a mass-matrix window (Stan's schedule).
+
+    A warm-up too short for Stan's buffers (under 150 iterations) gets an initial buffer of 15%,
+    as Stan's, and a terminal buffer of at least ``min_term_buffer`` iterations or half the
+    warm-up, where Stan's 10% leaves 3-14: the step-size search at the last window's end restarts
+    the dual averaging, and its average over a few iterations is still the search's large first
+    trials. On a 1-50-1 tanh network (100 points, 4 chains, 30 warm-up iterations) that left one
+    or two chains with every draw divergent in three runs of four; with the longer buffer no chain
+    in 38 runs at 20-149 iterations (``docs/logs/benchmarks.md``). A window that would hold fewer
+    than 10 draws estimates nothing: none is made, and the step size adapts through the whole
+    warm-up on the unit mass matrix."""
     if num_warmup < 20:
         return []
     if init_buffer + base_window + term_buffer > num_warmup:
-        init_buffer, term_buffer = int(0.15 * num_warmup), int(0.1 * num_warmup)
+        init_buffer = int(0.15 * num_warmup)
+        term_buffer = max(int(0.1 * num_warmup), min(min_term_buffer, num_warmup // 2))
         base_window = num_warmup - init_buffer - term_buffer
+        if base_window < 10:
+            return []
     ends = []
     start, window = init_buffer, base_window
     last = num_warmup - term_buffer

@@ -207,6 +207,31 @@ class Posterior(Result):
             made += "; settings: " + describe_settings(self.settings)
         return made
 
+    #: a chain with at least this share of divergent draws is named as stuck in :meth:`summary`
+    STUCK_SHARE = 0.5
+
+    def _stuck_chains(self) -> list:
+        """The chains most of whose transitions diverged: a step size too large for where they are
+        (a warm-up too short to adapt it), or a start so far from the posterior that no step size
+        fits; their draws barely move."""
+        diverging = self.stats.get("diverging")
+        if not isinstance(diverging, torch.Tensor) or diverging.dim() != 2 or diverging.shape[1] == 0:
+            return []
+        share = diverging.float().mean(1)
+        stuck = [c for c, v in enumerate(share.tolist()) if v >= self.STUCK_SHARE]
+        if not stuck:
+            return []
+        shares = ", ".join(f"chain {c}: {share[c]:.0%}" for c in stuck)
+        step = self.stats.get("step_size")
+        steps = ""
+        if isinstance(step, torch.Tensor) and step.shape == share.shape:
+            others = [step[c].item() for c in range(len(share)) if c not in stuck]
+            steps = f"; step size {', '.join(f'{step[c].item():.3g}' for c in stuck)}"
+            steps += f" against {min(others):.3g}-{max(others):.3g} for the others" if others else ""
+        return [f"stuck chains, their draws mostly divergent ({shares}{steps}): they do not describe the posterior; run again "
+                "with a longer warm-up (num_warmup >= 150), a higher target_accept (0.9-0.95), or from a deep ensemble's members "
+                "(init=pyrobnn.deep_ensemble(...)) where random starts lie far from the posterior"]
+
     def _diagnostics(self) -> list:
         out = []
         for key in ("nonfinite_warmup", "nonfinite"):
@@ -223,6 +248,7 @@ class Posterior(Result):
             out.append(f"{stuck} chain(s) ended with a step size at the floor (<= 1e-7): they barely moved; start with a smaller step_size")
         if "diverging" in self.stats:
             out.append(f"divergent transitions: {self.num_divergences} of {self.num_chains * self.num_draws}")
+            out += self._stuck_chains()
         energy = self.stats.get("energy")
         if self.family in ("mcmc", "sgmcmc") and isinstance(energy, torch.Tensor) and energy.shape[1] >= 8:
             within = within_chain_rhat(energy)
