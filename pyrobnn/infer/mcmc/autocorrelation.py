@@ -39,7 +39,8 @@ def effective_sample_size(x: torch.Tensor) -> torch.Tensor:
     pairs = rho[:, 0 : 2 * m : 2] + rho[:, 1 : 2 * m : 2]  # (C, m, ...)
     positive = torch.cumprod((pairs > 0).double(), dim=1)
     monotone = torch.cummin(torch.where(positive > 0, pairs, torch.zeros_like(pairs)), dim=1).values
-    tau = (-1.0 + 2.0 * (monotone * positive).sum(1)).clamp_min(1.0 / torch.log10(torch.tensor(float(n))))
+    floor = 1.0 / torch.log10(torch.tensor(float(n), device=x.device))  # float32, as it always was
+    tau = (-1.0 + 2.0 * (monotone * positive).sum(1)).clamp_min(floor)
     constant = x.std(1) == 0
     ess = n / tau
     return torch.where(constant, torch.ones_like(ess), ess).to(x.dtype)
