@@ -110,29 +110,35 @@ def run_chains(
         }
 
     bar = tqdm(total=total, initial=first, disable=not progress, desc=kernel.name, unit=_progress_unit(kernel), dynamic_ncols=True, mininterval=0.5)
+    # the loop's calls, looked up once: a native step takes tens of microseconds, and the
+    # loop's own Python is paid on every one of them
+    settings_of, update, keeps = adaptation.settings, adaptation.update, adaptation.keeps
+    next_target, guard, after_step = data.next_target, data.guard, data.after_step
+    randoms_of, tally, record = kernel.randoms, kernel.tally, kernel.record
+    warmup_names = {name: f"{name}_warmup" for name in kernel.tallies}
+    num_warmup = adaptation.num_steps
     # a compiled step is compiled for each potential (see raised_recompile_limits)
     with raised_recompile_limits(enabled=path.compiled), watching(checkpoint):
         try:
             for i in range(first, total):
-                warming = i < adaptation.num_steps
-                settings = adaptation.settings(tuning, i)
-                target = data.next_target()
-                randoms = kernel.randoms(state, settings, generator)
-                new, info = step(state, target, randoms, settings)
-                state = data.guard(state, new, info)
-                for name, count in kernel.tally(info).items():
-                    tallies[name + "_warmup" if warming else name].add_(count)
+                warming = i < num_warmup
+                settings = settings_of(tuning, i)
+                target = next_target()
+                new, info = step(state, target, randoms_of(state, settings, generator), settings)
+                state = guard(state, new, info)
+                for name, count in tally(info).items():
+                    tallies[warmup_names[name] if warming else name].add_(count)
                 if warming:
-                    tuning = adaptation.update(tuning, i, state, info, target, generator)
-                if adaptation.keeps(i, thinning):
-                    for k, v in kernel.record(state, info).items():
+                    tuning = update(tuning, i, state, info, target, generator)
+                if keeps(i, thinning):
+                    for k, v in record(state, info).items():
                         trace[k].append(v)
                     kept.append(i + 1)
                 last = i + 1 == total
-                data.after_step(i, state, last)
+                after_step(i, state, last)
                 if progress:
                     if i % 10 == 0 or last:
-                        shown = kernel.progress(state, info, adaptation.settings(tuning, i))
+                        shown = kernel.progress(state, info, settings_of(tuning, i))
                         if shown is not None:
                             bar.set_postfix({"phase": "warmup" if warming else "sample", **shown}, refresh=False)
                     bar.update(1)

@@ -297,10 +297,13 @@ class MCLMCAdaptation(Adaptation):
         settings, dim = tuning.tuning, state.z.shape[1]
         if t < self.adapt_end:  # phases 1 and 2: tune the step size, and in phase 2 gather moments
             adapter, step_size = step_size_adapter_update(tuning.adapter, settings.step_size, info.energy_change, info.finite, dim, self._scheduled_variance(t))
-            tuning = tuning._replace(tuning=settings._replace(step_size=step_size), adapter=adapter)
+            settings = MCLMCTuning(step_size, settings.L, settings.inv_mass)
             if self.n2 > 1 and t >= self.n1:
                 w = (step_size * info.finite).unsqueeze(-1)
-                tuning = tuning._replace(weight_sum=tuning.weight_sum + w.squeeze(-1), m1=tuning.m1 + w * state.z, m2=tuning.m2 + w * state.z.square())
+                tuning = MCLMCAdaptationState(settings, adapter, tuning.weight_sum + w.squeeze(-1), tuning.m1 + w * state.z,
+                                              tuning.m2 + w * state.z.square(), tuning.positions)
+            else:
+                tuning = MCLMCAdaptationState(settings, adapter, tuning.weight_sum, tuning.m1, tuning.m2, tuning.positions)
             if t + 1 == self.adapt_end and self.n2 > 1:
                 w = tuning.weight_sum.clamp_min(1e-30).unsqueeze(-1)
                 mean = tuning.m1 / w

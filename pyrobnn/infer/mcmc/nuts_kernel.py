@@ -528,7 +528,8 @@ class NUTS(Kernel):
 
     def record(self, state: NUTSState, info: NUTSInfo) -> dict:
         # the potential at each draw comes with the state: no pass over the data afterwards
-        return {"z": state.z.clone(), **info._asdict(), "energy": state.energy.clone()}
+        return {"z": state.z.clone(), "accept_prob": info.accept_prob, "tree_depth": info.tree_depth, "num_steps": info.num_steps,
+                "diverging": info.diverging, "energy": state.energy.clone()}
 
     def progress(self, state, info: NUTSInfo, settings: NUTSSettings):
         return {"step": f"{settings.step_size.mean().item():.2g}", "depth": int(info.tree_depth.max())}
