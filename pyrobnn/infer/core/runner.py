@@ -43,7 +43,7 @@ from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.runtime import raised_recompile_limits
 from pyrobnn.utils.validation import check_positive_int
 
-__all__ = ["Chains", "run_chains", "RunSettings", "Sampler", "sample", "IDENTITY_EXCLUDES"]
+__all__ = ["Chains", "Trace", "run_chains", "RunSettings", "Sampler", "sample", "IDENTITY_EXCLUDES"]
 
 
 class Chains(NamedTuple):
@@ -58,6 +58,48 @@ class Chains(NamedTuple):
 
 def _progress_unit(kernel) -> str:
     return "it" if kernel.unit == "iterations" else "step"
+
+
+class Trace:
+    """What a run keeps as it goes: for every kept step the kernel's record (the draw ``"z"`` and
+    per-draw statistics, each ``(C, ...)``) and its 1-based step number, and the kernel's tallies
+    summed apart over warm-up (``<name>_warmup``) and sampling (``<name>``); a checkpoint holds it
+    as :meth:`state_dict`."""
+
+    def __init__(self, kernel, chains: int, device):
+        self.values, self.kept = defaultdict(list), []
+        self.tallies = {f"{name}{suffix}": torch.zeros(chains, dtype=torch.long, device=device)
+                        for name in kernel.tallies for suffix in ("", "_warmup")}
+        self._warmup_names = {name: f"{name}_warmup" for name in kernel.tallies}
+
+    def count(self, counts: dict, warming: bool) -> None:
+        for name, count in counts.items():
+            self.tallies[self._warmup_names[name] if warming else name].add_(count)
+
+    def keep(self, step: int, record: dict) -> None:
+        for k, v in record.items():
+            self.values[k].append(v)
+        self.kept.append(step)
+
+    def state_dict(self) -> dict:
+        return {
+            "values": {k: torch.stack(v, 1).cpu() for k, v in self.values.items()} if self.kept else None,
+            "tallies": {k: v.cpu() for k, v in self.tallies.items()}, "kept": list(self.kept),
+        }
+
+    def load_state_dict(self, state: dict, device) -> None:
+        for k, v in (state["values"] or {}).items():
+            self.values[k] = list(v.to(device).unbind(1))
+        self.tallies.update({k: v.to(device) for k, v in state["tallies"].items()})
+        self.kept = list(state["kept"])
+
+    def draws(self, position) -> torch.Tensor:
+        """The kept draws ``(C, S, D)`` (none: ``(C, 0, D)``)."""
+        return torch.stack(self.values["z"], 1) if self.kept else position.new_zeros(position.shape[0], 0, position.shape[1])
+
+    def stats(self) -> dict:
+        """The per-draw statistics, ``(C, S, ...)`` each."""
+        return {k: torch.stack(v, 1) for k, v in self.values.items() if k != "z"}
 
 
 def run_chains(
@@ -78,14 +120,11 @@ def run_chains(
     """
     check_positive_int("num_samples", num_samples)
     check_positive_int("thinning", thinning)
-    chains, dim = position.shape
     device = position.device
     step = kernel.stepper(path, data.fixed_target)
     total = adaptation.num_steps + num_samples
-    unit = kernel.unit
+    trace = Trace(kernel, position.shape[0], device)
     saved = checkpoint.load() if checkpoint is not None else None
-    trace, kept = defaultdict(list), []
-    tallies = {f"{name}{suffix}": torch.zeros(chains, dtype=torch.long, device=device) for name in kernel.tallies for suffix in ("", "_warmup")}
     if saved is None:
         state = kernel.init(position, data, generator)
         tuning = adaptation.init(state, data, generator)
@@ -95,28 +134,22 @@ def run_chains(
         tuning = None if saved["adaptation"] is None else records.from_tree(adaptation.State, saved["adaptation"], device)
         generator.set_state(saved["generator"])
         data.load_state_dict(saved["data"])
-        for k, v in (saved["trace"] or {}).items():
-            trace[k] = list(v.to(device).unbind(1))
-        tallies.update({k: v.to(device) for k, v in saved["tallies"].items()})
-        kept, first = list(saved["kept"]), int(saved["iteration"])
+        trace.load_state_dict(saved["trace"], device)
+        first = int(saved["iteration"])
 
     def snapshot(count):
         data.before_save(state)
         return {
             "iteration": count, "state": records.to_tree(state), "adaptation": None if tuning is None else records.to_tree(tuning),
-            "generator": generator.get_state(), "data": data.state_dict(),
-            "trace": {k: torch.stack(v, 1).cpu() for k, v in trace.items()} if kept else None,
-            "tallies": {k: v.cpu() for k, v in tallies.items()}, "kept": list(kept),
+            "generator": generator.get_state(), "data": data.state_dict(), "trace": trace.state_dict(),
         }
 
     bar = tqdm(total=total, initial=first, disable=not progress, desc=kernel.name, unit=_progress_unit(kernel), dynamic_ncols=True, mininterval=0.5)
     # the loop's calls, looked up once: a native step takes tens of microseconds, and the
     # loop's own Python is paid on every one of them
-    settings_of, update, keeps = adaptation.settings, adaptation.update, adaptation.keeps
+    settings_of, update, keeps, num_warmup = adaptation.settings, adaptation.update, adaptation.keeps, adaptation.num_steps
     next_target, guard, after_step = data.next_target, data.guard, data.after_step
     randoms_of, tally, record = kernel.randoms, kernel.tally, kernel.record
-    warmup_names = {name: f"{name}_warmup" for name in kernel.tallies}
-    num_warmup = adaptation.num_steps
     # a compiled step is compiled for each potential (see raised_recompile_limits)
     with raised_recompile_limits(enabled=path.compiled), watching(checkpoint):
         try:
@@ -126,14 +159,11 @@ def run_chains(
                 target = next_target()
                 new, info = step(state, target, randoms_of(state, settings, generator), settings)
                 state = guard(state, new, info)
-                for name, count in tally(info).items():
-                    tallies[warmup_names[name] if warming else name].add_(count)
+                trace.count(tally(info), warming)
                 if warming:
                     tuning = update(tuning, i, state, info, target, generator)
                 if keeps(i, thinning):
-                    for k, v in record(state, info).items():
-                        trace[k].append(v)
-                    kept.append(i + 1)
+                    trace.keep(i + 1, record(state, info))
                 last = i + 1 == total
                 after_step(i, state, last)
                 if progress:
@@ -147,15 +177,14 @@ def run_chains(
                     # state just before it is always written, so a stop inside goes back no further
                     resumable = adaptation.resumable_after(i + 1)
                     entering = resumable and not last and not adaptation.resumable_after(i + 2)
-                    checkpoint.after(i + 1, lambda: snapshot(i + 1), last=last, resumable=resumable, unit=unit, now=entering)
+                    checkpoint.after(i + 1, lambda: snapshot(i + 1), last=last, resumable=resumable, unit=kernel.unit, now=entering)
         finally:
             bar.close()
-    draws = torch.stack(trace.pop("z"), 1) if kept else position.new_zeros(chains, 0, dim)
-    stats = {k: torch.stack(v, 1) for k, v in trace.items()}
+    stats = trace.stats()
     stats.update(kernel.final(state))
     stats.update(adaptation.final(tuning))
-    stats.update(tallies)
-    return Chains(draws, stats, tuple(kept))
+    stats.update(trace.tallies)
+    return Chains(trace.draws(position), stats, tuple(trace.kept))
 
 
 @dataclasses.dataclass(frozen=True)

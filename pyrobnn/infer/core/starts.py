@@ -3,7 +3,8 @@
 rule, :func:`initial_positions`), the network's own initialization under one seed per chain (as
 deep-ensemble members start, :func:`member_initializations`), or the positions a result gives
 (the last draw of each chain of a :class:`~pyrobnn.infer.results.posterior.Posterior`, so one chain per
-ensemble member). :func:`chain_starts` is the rule of the stochastic-gradient samplers."""
+ensemble member). :func:`chain_starts` is the rule of the stochastic-gradient samplers. The counts
+are the methods' arguments, checked at their call by their declarations (:mod:`pyrobnn.methods`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import copy
 import torch
 
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.utils.validation import check_positive_int
 
 __all__ = ["initial_positions", "member_initializations", "chain_starts"]
 
@@ -22,8 +22,6 @@ def initial_positions(potential, init, num_chains, init_radius, generator):
     init_radius]`` (``init=None``), or from ``init`` (a :class:`~pyrobnn.infer.results.posterior.Posterior`:
     the last draw of each chain, so one chain per ensemble member; or a tensor)."""
     if init is None:
-        if not isinstance(num_chains, int) or num_chains < 1:
-            raise ValueError(f"num_chains must be a positive integer, got {num_chains!r}")
         return potential.initial(num_chains, init_radius, generator)
     if isinstance(init, Posterior):
         z = potential.pack({k: v[:, -1] for k, v in init.samples.items()})
@@ -65,6 +63,5 @@ def chain_starts(model, potential, init, num_chains, seed, generator):
     ``num_chains`` re-initializations of the network under seeds ``seed + k`` (as deep-ensemble
     members start); else the positions ``init`` gives (:func:`initial_positions`)."""
     if init is None:
-        check_positive_int("num_chains", num_chains)
         return member_initializations(model, potential, num_chains, seed)
     return initial_positions(potential, init, num_chains, 2.0, generator)

@@ -57,13 +57,6 @@ class FullBatchSampler(Sampler):
                 pass  # each process will say why in its stats
 
 
-def _run_settings(num_samples, thinning, num_chains, init, init_radius, seed, backend, progress, checkpoint, num_processes) -> RunSettings:
-    return RunSettings(
-        num_samples=num_samples, thinning=thinning, num_chains=num_chains, init=init, init_radius=init_radius, seed=seed,
-        backend=backend, progress=progress, checkpoint=Checkpointing.of(checkpoint), num_processes=num_processes,
-    )
-
-
 @checked("nuts")
 def nuts(
     model,
@@ -141,7 +134,8 @@ def nuts(
         target_accept=target_accept, seed=seed, init_radius=init_radius, backend=backend, init=init, num_processes=num_processes,
     )
     sampler = FullBatchSampler(NUTS(max_tree_depth), WindowAdaptation(num_warmup, target_accept), settings, bound=True)
-    run = _run_settings(num_samples, 1, num_chains, init, init_radius, seed, backend, progress, checkpoint, num_processes)
+    run = RunSettings(num_samples=num_samples, num_chains=num_chains, init=init, init_radius=init_radius, seed=seed, backend=backend,
+                      progress=progress, checkpoint=Checkpointing.of(checkpoint), num_processes=num_processes)
     return sample(model, x, y, sampler, run)
 
 
@@ -233,7 +227,8 @@ def mclmc(
         diagonal_preconditioning=diagonal_preconditioning,
     )
     sampler = FullBatchSampler(MCLMC(), adaptation, settings)
-    run = _run_settings(num_samples, thinning, num_chains, init, init_radius, seed, backend, progress, checkpoint, num_processes)
+    run = RunSettings(num_samples=num_samples, thinning=thinning, num_chains=num_chains, init=init, init_radius=init_radius, seed=seed,
+                      backend=backend, progress=progress, checkpoint=Checkpointing.of(checkpoint), num_processes=num_processes)
     return sample(model, x, y, sampler, run)
 
 

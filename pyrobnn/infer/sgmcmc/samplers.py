@@ -101,14 +101,11 @@ class _SGMCMCSampler(MinibatchSampler):
         return {"step": torch.tensor(chains.kept), "step_size": torch.full((chains.draws.shape[0],), float(chains.stats["step_size"]))}
 
 
-def _run(kind, model, x, y, *, step_size, friction, num_steps, num_burnin, thinning, schedule, num_cycles, exploration, batch_size,
-         num_chains, init, seed, progress, checkpoint):
-    settings = dict(
-        step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
-        num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=num_chains, seed=seed, init=init,
-    )
-    run = RunSettings(num_samples=num_steps, thinning=thinning, num_chains=num_chains, init=init, seed=seed, progress=progress,
-                      checkpoint=Checkpointing.of(checkpoint))
+def _sample(kind: str, model, x, y, settings: dict, progress: bool, checkpoint) -> Posterior:
+    """SGLD or SGHMC with these ``settings`` (the call's, as the result records them)."""
+    s = settings
+    run = RunSettings(num_samples=s["num_steps"], thinning=s["thinning"], num_chains=s["num_chains"], init=s["init"], seed=s["seed"],
+                      progress=progress, checkpoint=Checkpointing.of(checkpoint))
     return sample(model, x, y, _SGMCMCSampler(kind, settings), run)
 
 
@@ -149,9 +146,9 @@ def sgld(
     of the epoch (``ceil(N / batch_size)`` steps) a
     :class:`~pyrobnn.infer.core.failures.NonFiniteLossError` names the step.
     """
-    return _run("sgld", model, x, y, step_size=step_size, friction=None, num_steps=num_steps, num_burnin=num_burnin,
-                thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
-                num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint)
+    settings = dict(step_size=step_size, friction=None, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
+                    num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=num_chains, seed=seed, init=init)
+    return _sample("sgld", model, x, y, settings, progress, checkpoint)
 
 
 @checked("sghmc")
@@ -163,9 +160,9 @@ def sghmc(
     """SGHMC draws (learning rate ``step_size`` :math:`= \\eta`, or ``"auto"`` as in :func:`sgld`;
     ``friction`` :math:`= \\alpha`, in (0, 1]); every other argument as in :func:`sgld`. With
     ``schedule="cyclical"`` this is cSGHMC."""
-    return _run("sghmc", model, x, y, step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin,
-                thinning=thinning, schedule=schedule, num_cycles=num_cycles, exploration=exploration, batch_size=batch_size,
-                num_chains=num_chains, init=init, seed=seed, progress=progress, checkpoint=checkpoint)
+    settings = dict(step_size=step_size, friction=friction, num_steps=num_steps, num_burnin=num_burnin, thinning=thinning, schedule=schedule,
+                    num_cycles=num_cycles, exploration=exploration, batch_size=batch_size, num_chains=num_chains, seed=seed, init=init)
+    return _sample("sghmc", model, x, y, settings, progress, checkpoint)
 
 
 def _burnin_in_range(options):
