@@ -228,6 +228,12 @@ def deep_ensemble(
     :param y_val: see ``x_val``.
     :param objective: ``"map"`` (log joint: the model's prior and likelihood) or
         ``"likelihood"`` (the likelihood alone); see the module docstring.
+    :param lr: AdamW's learning rate, on the objective divided by the number of training points.
+    :param batch_size: points per minibatch (``None``: all of them, full batch).
+    :param max_epochs: the most epochs a member trains.
+    :param patience: epochs without a better validation loss after which a member stops (with
+        validation data).
+    :param progress: show a progress bar.
     :param weight_decay: AdamW's decoupled weight decay (MILE: ``1e-3`` with
         ``objective="likelihood"``).
     :param seed: member ``k`` is initialized under the seed ``seed + k``; the data order

@@ -318,6 +318,7 @@ def laplace(
     :param map_estimate: the MAP, as a one-member :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior`
         or ``{site: value}``; default: trained here by :func:`~pyrobnn.infer.modes.ensemble.deep_ensemble`
         with ``objective="map"`` and ``map_options`` (e.g. ``{"max_epochs": 200}``).
+    :param seed: seeds the MAP trained here and the posterior's draws.
     :param batch_size: points per batch for the curvature (default: as many as the memory budget
         of :mod:`pyrobnn.utils.memory` allows a pass with gradients, at most :data:`CURVATURE_BATCH`).
     """

@@ -152,7 +152,12 @@ def swag(
         training points (so it means the same at any data size), with ``momentum``; ``"auto"``:
         ``AUTO_LR`` over the largest curvature of that loss at the MAP
         (:func:`~pyrobnn.infer.core.curvature.largest_curvature`, the largest over runs).
+    :param batch_size: points per SGD minibatch.
     :param rank: :math:`K`, deviation columns kept.
+    :param num_samples: draws per run from the SWAG Gaussian kept in the result (more later:
+        :meth:`SWAGPosterior.sample`).
+    :param seed: seeds the MAP trained here, SGD's data order and the draws.
+    :param progress: show a progress bar.
     :param num_runs: independent SWAG runs, each from its own MAP member (MultiSWAG).
     :param checkpoint: a file to write the run's state to (the SGD phase's position, momentum,
         data order and snapshots), every ``every`` epochs or ``seconds`` of a

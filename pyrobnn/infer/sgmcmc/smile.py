@@ -56,6 +56,9 @@ def smile(
         default, as in the paper's UCI and LeNet runs: the tuner is relative and drifts the step
         down over long warm-ups (:mod:`pyrobnn.infer.sgmcmc.smile_kernel` says why).
     :param reset_prob: the quantile of the energy errors beyond which a step is undone (1.0: never).
+    :param adaptation_prob: :math:`a`, the tail mass on which the tuner moves the step size.
+    :param adaptation_strength: :math:`\\delta`, the factor by which it moves it.
+    :param progress: show a progress bar.
     :param L: ``None`` (the paper's sampler: the minibatch noise alone moves the velocity) or a
         velocity decoherence length for an added partial refresh, as MCLMC's.
     :param num_chains: chains started at the network's own initialization under seeds

@@ -150,6 +150,7 @@ def ivon(
     :param lr: the learning rate :math:`\alpha / (h_0 + \delta)` (the reference's default 0.1).
     :param hess_init: :math:`h_0`, the initial Hessian estimate (the posterior's initial
         standard deviation is :math:`1/\sqrt{\lambda (h_0 + \delta)}`).
+    :param beta1: the gradient's momentum (the reference's 0.9).
     :param beta2: the Hessian's averaging weight; default :func:`default_beta2` of the run's steps.
     :param ess: :math:`\lambda`, default the number of training points (the Bayesian posterior;
         larger values temper it).
@@ -162,6 +163,8 @@ def ivon(
         regression with a small noise scale overshoot (the Hessian estimate starts at
         ``hess_init``, far below the likelihood's curvature) and the fit may not recover.
     :param schedule: see ``warmup``.
+    :param seed: seeds the weight draws and the data order.
+    :param progress: show a progress bar.
     :param init: a previous fit to start from (a :class:`VariationalPosterior` whose guide is a
         :class:`MeanFieldNormal` of this model, e.g. an IVON result on fewer points): the mean
         starts at its means and the Hessian estimate at the value its standard deviations imply,
