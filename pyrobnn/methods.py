@@ -31,7 +31,7 @@ from pyrobnn.utils.constraints import Budget, Constraint
 __all__ = [
     "Support", "MethodSpec", "WarmStart", "UnsupportedModelError", "METHODS", "LIKELIHOODS", "PRIORS", "NETWORK_EVALUATION",
     "LATENT_ONLY", "latent_only_support", "register", "spec", "checked", "likelihood_kind", "prior_kind", "supports",
-    "refuse_unsupported", "check_budget", "scaled_budget", "support_table",
+    "refuse_unsupported", "scaled_budget", "support_table",
 ]
 
 #: the likelihood kinds a declaration names, with what each is
@@ -342,14 +342,6 @@ def refuse_unsupported(key: str, model, what: Optional[str] = None) -> None:
             f"{name} needs {needs}; {has}" + (f" ({why})" if why else "")
             + f". Methods that take this prior: {', '.join(others) if others else 'none'}"
         )
-
-
-def check_budget(key: str, name: str, value) -> None:
-    """Refuse ``value`` for the budget argument ``name`` of method ``key`` unless it is an
-    integer at least the declared smallest value."""
-    message = spec(key).constraints[name].error(key, name, value)
-    if message is not None:
-        raise ValueError(message)
 
 
 def checked(key: str):

@@ -229,16 +229,18 @@ def test_a_checkpoint_path_that_cannot_be_written_is_refused_before_any_work(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "locked"]
 
 
-def test_a_failed_write_names_its_own_cause():
-    """Free space is advised only where the disk is full; another failure says what it was."""
-    import errno
+def test_a_failed_write_names_its_own_cause(tmp_path):
+    """Free space is advised only where the disk is full (tests/faults fills one); another failure
+    says what it was."""
+    from pyrobnn.utils.io import WriteError, atomic_save
 
-    from pyrobnn.utils.io import _write_error
-
-    full = str(_write_error(OSError(errno.ENOSPC, "No space left on device"), "/data/run.ckpt", True))
-    assert "no space left on the device (the earlier /data/run.ckpt is unchanged; free space in /data or write elsewhere)" in full
-    denied = str(_write_error(OSError(errno.EACCES, "Permission denied"), "/data/run.ckpt", False))
-    assert denied == "could not write /data/run.ckpt: Permission denied (no file was written; write elsewhere)"
+    (tmp_path / "a_file").write_text("")
+    path = tmp_path / "a_file" / "run.pt"
+    with pytest.raises(WriteError) as e:
+        atomic_save({"x": torch.zeros(2)}, path)
+    text = str(e.value)
+    assert text.startswith(f"could not write {path}: ") and text.endswith("(no file was written; write elsewhere)"), text
+    assert "free space" not in text
 
 
 def test_mlp_names_the_activations_it_knows():
