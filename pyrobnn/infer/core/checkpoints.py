@@ -149,8 +149,8 @@ class RunCheckpoint:
     A subclass may write another ``FORMAT`` and say where a run stands and how it resumes in its
     own words (:meth:`position`, :meth:`resume_hint`)."""
 
-    #: what the file says it is; :meth:`load` refuses another
-    FORMAT = FORMAT
+    #: what the file says it is, and what its kind is called; :meth:`read` refuses another
+    FORMAT, DESCRIPTION = FORMAT, "run checkpoint"
 
     def __init__(self, checkpointing, kind: str, identity: dict):
         self.options = checkpointing if checkpointing is None or isinstance(checkpointing, Checkpointing) else Checkpointing.of(checkpointing)
@@ -174,19 +174,31 @@ class RunCheckpoint:
     def enabled(self) -> bool:
         return self.path is not None
 
+    @classmethod
+    def read(cls, path) -> dict:
+        """The file at ``path``, read without running code from it; a file of another format
+        is refused."""
+        obj = safe_load(path, map_location="cpu")
+        if not isinstance(obj, dict) or obj.get("format") != cls.FORMAT:
+            raise ValueError(f"{path} is not a pyrobnn {cls.DESCRIPTION}: pass another checkpoint path")
+        return obj
+
+    @staticmethod
+    def check_digest(obj: dict, path) -> None:
+        """Refuse a file whose state does not match its stored SHA-256 (a flipped byte)."""
+        if "sha256" in obj and state_digest(obj.get("state")) != obj["sha256"]:
+            raise ValueError(f"{path} is corrupted (its state does not match its SHA-256): remove the file or pass another checkpoint path")
+
     def load(self):
         """The saved state of this run, or ``None`` when there is no file yet."""
         if self.path is None or not os.path.exists(self.path):
             return None
-        obj = safe_load(self.path, map_location="cpu")
-        if not isinstance(obj, dict) or obj.get("format") != self.FORMAT:
-            raise ValueError(f"{self.path} is not a pyrobnn run checkpoint: pass another checkpoint path")
+        obj = self.read(self.path)
         if obj.get("version") != VERSION:
             raise ValueError(f"{self.path} has checkpoint format version {obj.get('version')}; this pyrobnn reads {VERSION}")
         if obj.get("kind") != self.kind:
             raise ValueError(f"{self.path} holds a {obj.get('kind')} run, not a {self.kind} run: pass another checkpoint path")
-        if "sha256" in obj and state_digest(obj.get("state")) != obj["sha256"]:
-            raise ValueError(f"{self.path} is corrupted (its state does not match its SHA-256): remove the file or pass another checkpoint path")
+        self.check_digest(obj, self.path)
         saved = obj.get("identity", {})
         # the settings first: a different seed changes the starting points too
         for key in sorted(set(saved) | set(self.identity), key=lambda k: (k in _DERIVED, k)):

@@ -14,7 +14,7 @@ import pyro
 import torch
 
 from pyrobnn.guides import ConcreteDropout, GaussianDropout, MCDropout, MeanFieldNormal, SparseVariationalDropout, VariationalDropout
-from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint, state_digest
+from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.failures import NonFiniteLossError, OverflowGuard, StepFailures, grads_not_finite, guarded_optimizer_step
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
@@ -22,7 +22,6 @@ from pyrobnn.infer.svi.schedules import make_kl_schedule
 from pyrobnn.methods import MethodSpec, Support, register
 from pyrobnn.models import BayesianModel
 from pyrobnn.utils import memory
-from pyrobnn.utils.io import safe_load
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import (
     as_tensor,
@@ -352,11 +351,8 @@ class SVITrainer:
     def load_checkpoint(self, path, x=None, y=None, dataset_size=None) -> None:
         # onto the CPU: the random generators' states must be CPU tensors, and the module and
         # optimizer states are copied onto their parameters' devices as they load
-        obj = safe_load(path, map_location="cpu")
-        if not isinstance(obj, dict) or obj.get("format") != TrainingCheckpoint.FORMAT:
-            raise ValueError(f"{path} is not a pyrobnn training checkpoint")
-        if "sha256" in obj and state_digest(obj["state"]) != obj["sha256"]:
-            raise ValueError(f"{path} is corrupted (its state does not match its SHA-256): remove the file or pass another checkpoint path")
+        obj = TrainingCheckpoint.read(path)
+        TrainingCheckpoint.check_digest(obj, path)
         self.load_state_dict(obj["state"], x, y, dataset_size)
 
     # -------------------------------------------------------------------- fit
@@ -484,7 +480,7 @@ class TrainingCheckpoint(RunCheckpoint):
     warned about and stopped on as every run's checkpoint
     (:class:`~pyrobnn.infer.core.checkpoints.RunCheckpoint`)."""
 
-    FORMAT = "pyrobnn-checkpoint"
+    FORMAT, DESCRIPTION = "pyrobnn-checkpoint", "training checkpoint"
 
     def __init__(self, checkpointing):
         super().__init__(checkpointing, "SVI", {})
