@@ -31,7 +31,7 @@ from pyrobnn.utils.constraints import Budget, Constraint
 __all__ = [
     "Support", "MethodSpec", "WarmStart", "UnsupportedModelError", "METHODS", "LIKELIHOODS", "PRIORS", "NETWORK_EVALUATION",
     "LATENT_ONLY", "latent_only_support", "register", "spec", "checked", "likelihood_kind", "prior_kind", "supports",
-    "refuse_unsupported", "scaled_budget", "support_table",
+    "refuse_unsupported", "scaled_budget", "samples_cover_thinning", "CHAIN_WARM_START", "support_table",
 ]
 
 #: the likelihood kinds a declaration names, with what each is
@@ -118,8 +118,8 @@ class WarmStart:
     :ivar scaled: the budgets cut to the refit's fraction of the cold fit's (tuning and training
         budgets: a sampler's warm-up, an ensemble's epochs), from the options or else the
         method's default.
-    :ivar prepare: ``prepare(model, previous, x, y, options, fraction, seed) -> options`` in place
-        of the above, for a method that needs more (a MAP trained from the previous one first).
+    :ivar prepare: ``prepare(model, previous, x, y, options, fraction, seed) -> options``, first,
+        for a method that needs more (a MAP trained from the previous one; a burn-in cut).
     :ivar names: the options ``prepare`` sets, for the conformance suite's check.
     """
 
@@ -130,30 +130,44 @@ class WarmStart:
     names: tuple = ()
 
     def option_names(self) -> set:
-        """Every option this warm start sets or reads (``names`` alone, with ``prepare``)."""
-        if self.prepare is not None:
-            return set(self.names)
-        return {n for n in (self.init, self.count) if n} | set(self.scaled)
+        """Every option this warm start sets or reads."""
+        return {n for n in (self.init, self.count) if n} | set(self.scaled) | set(self.names)
 
     def options(self, method: "MethodSpec", model, previous, x, y, options: dict, fraction: float, seed: int) -> dict:
         """The refit's options: ``options`` started from ``previous`` with ``fraction`` of the cold
         fit's budgets (each still at least the method's smallest)."""
+        warm = dict(options)
         if self.prepare is not None:
-            warm = self.prepare(model, previous, x, y, dict(options), fraction, seed)
-        else:
-            warm = dict(options)
-            if self.init:
-                warm[self.init] = previous
-            if self.count:
-                warm[self.count] = previous.num_chains
-            defaults = inspect.signature(method.run).parameters
-            for name in self.scaled:
-                warm[name] = scaled_budget(options.get(name, defaults[name].default), fraction)
+            warm = self.prepare(model, previous, x, y, warm, fraction, seed)
+        if self.init:
+            warm[self.init] = previous
+        if self.count:
+            warm[self.count] = previous.num_chains
+        defaults = inspect.signature(method.run).parameters
+        for name in self.scaled:
+            warm[name] = scaled_budget(options.get(name, defaults[name].default), fraction)
         for name, least in method.budgets.items():  # a scaled budget stays one the method takes
             value = warm.get(name)
             if isinstance(value, numbers.Integral) and not isinstance(value, bool):
                 warm[name] = max(least, value)
         return warm
+
+
+#: the warm start of the samplers whose chains go on: from the previous result's last draws, one
+#: chain each, with ``fraction`` of the cold fit's warm-up
+CHAIN_WARM_START = WarmStart(init="init", count="num_chains", scaled=("num_warmup",))
+
+
+def samples_cover_thinning(method: str):
+    """The rule of a sampler that keeps every ``thinning``-th of its ``num_samples`` steps: at
+    least one draw is kept."""
+
+    def rule(options):
+        if options["num_samples"] < options["thinning"]:
+            return f"{method}: num_samples ({options['num_samples']}) must be at least thinning ({options['thinning']}): no draw would be kept"
+        return None
+
+    return rule
 
 
 @dataclass(frozen=True)

@@ -132,12 +132,9 @@ class FullBatch:
     """The data of a full-batch run: the same ``target`` (the potential, ``z -> (U, grad U)``)
     at every step."""
 
-    def __init__(self, target, potential=None):
+    def __init__(self, target):
         #: ``z -> (U, grad U)``, the same at every step
         self.fixed_target = target
-        #: the :class:`~pyrobnn.infer.core.potential.FlatPotential` behind the target (``None``
-        #: when the target is a plain function)
-        self.potential = potential
 
     def next_target(self):
         return self.fixed_target

@@ -70,13 +70,14 @@ def _values(value, device):
     return value
 
 
-def where(mask, new, old):
-    """Per field, ``new`` where the 0-d or per-chain ``mask`` holds, else ``old`` (records of the
-    same type; a per-chain mask is broadcast over each field's trailing dimensions)."""
-    def pick(a, b):
-        if not isinstance(a, torch.Tensor):
-            return a
-        m = mask.reshape(mask.shape + (1,) * (a.dim() - mask.dim())) if mask.dim() else mask
-        return torch.where(m, a, b)
+def where(mask, a, b):
+    """Per field, as ``torch.where``: ``a``'s where the 0-d or per-chain ``mask`` holds, else
+    ``b``'s (records of the same type; a per-chain mask is broadcast over each field's trailing
+    dimensions; a field that is not a tensor is ``a``'s)."""
+    def pick(u, v):
+        if not isinstance(u, torch.Tensor):
+            return u
+        m = mask.reshape(mask.shape + (1,) * (u.dim() - mask.dim())) if mask.dim() else mask
+        return torch.where(m, u, v)
 
-    return type(new)(*(pick(a, b) for a, b in zip(new, old)))
+    return type(a)(*(pick(u, v) for u, v in zip(a, b)))

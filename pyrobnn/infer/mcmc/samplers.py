@@ -20,7 +20,7 @@ from pyrobnn.infer.mcmc.backend import BACKENDS, choose_path
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCAdaptation
 from pyrobnn.infer.mcmc.nuts_kernel import NUTS, WindowAdaptation
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register
+from pyrobnn.methods import CHAIN_WARM_START, MethodSpec, checked, latent_only_support, register, samples_cover_thinning
 from pyrobnn.utils.constraints import Either, Interval, OneOf, Phases, Positive, PositiveInt
 from pyrobnn.utils.modes import eval_mode
 from pyrobnn.utils.validation import validate_training_data
@@ -43,7 +43,7 @@ class FullBatchSampler(Sampler):
         return choose_path(potential, z0, run.backend, self.name, evaluations, self.bound)
 
     def parts(self, problem, z0, path):
-        return self.kernel, self.adaptation, FullBatch(path.target(problem.potential), problem.potential)
+        return self.kernel, self.adaptation, FullBatch(path.target(problem.potential))
 
     def label(self, run: RunSettings) -> str:
         """``"pyrobnn NUTS"``, ``"pyrobnn MCLMC (ensemble-initialized)"``."""
@@ -277,20 +277,10 @@ def pyro_nuts(
     return Posterior(samples, {"diverging": torch.stack(stats["diverging"])}, seconds, "pyro NUTS", "mcmc", settings, model)
 
 
-def _keeps_a_draw(method: str):
-    def rule(options):
-        if options["num_samples"] < options["thinning"]:
-            return f"{method}: num_samples ({options['num_samples']}) must be at least thinning ({options['thinning']}): no draw would be kept"
-        return None
-
-    return rule
-
-
 #: how the full-batch samplers run the chains (the constraints of both)
 _RUN_CONSTRAINTS = {
     "init_radius": Positive(), "backend": OneOf(BACKENDS), "num_processes": PositiveInt(),
 }
-_SAMPLER_WARM_START = WarmStart(init="init", count="num_chains", scaled=("num_warmup",))
 
 register(MethodSpec(
     "nuts", "NUTS, all chains batched (native, compiled or eager backend)", "mcmc", nuts, latent_only_support(),
@@ -298,7 +288,7 @@ register(MethodSpec(
     constraints={"target_accept": Interval(0.0, 1.0), **_RUN_CONSTRAINTS},
     quick={"num_samples": 4, "num_warmup": 4, "num_chains": 2, "max_tree_depth": 3, "progress": False},
     bo_options=dict(num_samples=64, num_warmup=200, num_chains=4, max_tree_depth=6),
-    warm_start=_SAMPLER_WARM_START,
+    warm_start=CHAIN_WARM_START,
 ))
 register(MethodSpec(
     "mclmc", "MCLMC (unadjusted microcanonical Langevin), per-chain tuning", "mcmc", mclmc, latent_only_support(),
@@ -306,10 +296,10 @@ register(MethodSpec(
     constraints={
         "num_warmup": Phases(3, least=0), "step_size": Either(Positive(), None), "L": Either(Positive(), None), **_RUN_CONSTRAINTS,
     },
-    rules=(_keeps_a_draw("mclmc"),),
+    rules=(samples_cover_thinning("mclmc"),),
     quick={"num_samples": 8, "num_warmup": 12, "num_chains": 2, "thinning": 2, "progress": False},
     bo_options=dict(num_samples=64, num_warmup=(1000, 200, 200), num_chains=4, thinning=5),
-    warm_start=_SAMPLER_WARM_START,
+    warm_start=CHAIN_WARM_START,
 ))
 register(MethodSpec(
     "pyro_nuts", "Pyro's own NUTS (MCMC(NUTS(model))), the reference", "mcmc", pyro_nuts, latent_only_support(),

@@ -24,6 +24,7 @@ and draws.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -36,12 +37,12 @@ from pyrobnn.infer.core.problem import flat_problem
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.infer.core.starts import initial_positions, member_initializations
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register
+from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register, scaled_budget
 from pyrobnn.utils.constraints import Budget, Either, Interval, NonNegative, OneOf, Positive, PositiveInt
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import validate_training_data
 
-__all__ = ["EnsemblePosterior", "deep_ensemble", "train_members"]
+__all__ = ["EnsemblePosterior", "deep_ensemble", "train_members", "warm_map"]
 
 
 @dataclass
@@ -314,6 +315,17 @@ def deep_ensemble(
         init=init,
     )
     return EnsemblePosterior(samples, stats, seconds, label, settings=settings, model=model, history=history)
+
+
+def warm_map(model, x, y, start, num_members: int, map_options, fraction: float, seed: int) -> EnsemblePosterior:
+    """The MAP of a refit on more data (the warm start of Laplace and SWAG): ``num_members``
+    members trained from ``start`` (a result or positions, as ``init`` takes them) with
+    ``map_options`` for ``fraction`` of their cold fit's epochs."""
+    options = dict(map_options or {})
+    default = inspect.signature(deep_ensemble).parameters["max_epochs"].default
+    options["max_epochs"] = scaled_budget(options.get("max_epochs", default), fraction)
+    options.setdefault("progress", False)
+    return deep_ensemble(model, x, y, num_members=num_members, init=start, seed=seed, **options)
 
 
 def _join_histories(histories: list, final: list) -> torch.Tensor:

@@ -42,10 +42,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble, warm_map
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.results.protocol import evenly_spaced
-from pyrobnn.methods import LATENT_ONLY, MethodSpec, Support, WarmStart, checked, register, scaled_budget
+from pyrobnn.methods import LATENT_ONLY, MethodSpec, Support, WarmStart, checked, register
 from pyrobnn.models.likelihoods import BernoulliLikelihood, GaussianLikelihood
 from pyrobnn.utils import memory
 from pyrobnn.utils.constraints import Budget, Either, OneOf
@@ -420,15 +420,11 @@ def laplace(
 
 def _warm_start(model, previous, x, y, options, fraction, seed):
     """A refit from the previous MAP (trained on from it for ``fraction`` of the cold fit's
-    epochs) with the previous prior precision, tuned for ``fraction`` of the steps."""
+    epochs) with the previous prior precision (its tuning steps are scaled by the declaration)."""
     start = Posterior({k: v.detach().reshape((1, 1) + tuple(v.shape)) for k, v in previous.map_values.items()}, method="warm start",
                       model=model)
-    map_options = dict(options.get("map_options") or {})
-    map_options["max_epochs"] = scaled_budget(map_options.get("max_epochs", 500), fraction)
-    map_options.setdefault("progress", False)
-    map_estimate = deep_ensemble(model, x, y, num_members=1, init=start, seed=seed, **map_options)
-    return dict(options, map_estimate=map_estimate, prior_precision=previous.prior_precision,
-                tune_steps=scaled_budget(options.get("tune_steps", 100), fraction))
+    map_estimate = warm_map(model, x, y, start, 1, options.get("map_options"), fraction, seed)
+    return dict(options, map_estimate=map_estimate, prior_precision=previous.prior_precision)
 
 
 register(MethodSpec(
@@ -446,5 +442,5 @@ register(MethodSpec(
     constraints={"batch_size": Either(Budget(1), None), "subset": OneOf(SUBSETS), "hessian": OneOf(HESSIANS)},
     quick={"num_samples": 4, "map_options": {"max_epochs": 2, "progress": False}},
     bo_options=dict(hessian="kron", num_samples=64, map_options=dict(max_epochs=1000, lr=1e-2, batch_size=None, patience=1000)),
-    warm_start=WarmStart(prepare=_warm_start, names=("map_estimate", "prior_precision", "tune_steps", "map_options")),
+    warm_start=WarmStart(init=None, prepare=_warm_start, scaled=("tune_steps",), names=("map_estimate", "prior_precision", "map_options")),
 ))

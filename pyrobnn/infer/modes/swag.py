@@ -34,9 +34,9 @@ from pyrobnn.infer.core.curvature import largest_curvature
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.problem import flat_problem, training_data
-from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble
+from pyrobnn.infer.modes.ensemble import EnsemblePosterior, deep_ensemble, warm_map
 from pyrobnn.infer.results.posterior import Posterior
-from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register, scaled_budget
+from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register
 from pyrobnn.utils.constraints import Either, Interval, Positive
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import check_positive_int
@@ -245,13 +245,9 @@ def swag(
 
 def _warm_start(model, previous, x, y, options, fraction, seed):
     """A refit from each run's SWAG mean: a MAP trained from it for ``fraction`` of the cold fit's
-    epochs, then ``fraction`` of SWAG's epochs."""
+    epochs (SWAG's own epochs are scaled by the declaration)."""
     start = previous.moments.mean  # (runs, dim): each run's SWAG mean, unconstrained
-    map_options = dict(options.get("map_options") or {})
-    map_options["max_epochs"] = scaled_budget(map_options.get("max_epochs", 500), fraction)
-    map_options.setdefault("progress", False)
-    ensemble = deep_ensemble(model, x, y, num_members=start.shape[0], init=start, seed=seed, **map_options)
-    return dict(options, map_estimate=ensemble, num_epochs=scaled_budget(options.get("num_epochs", 50), fraction))
+    return dict(options, map_estimate=warm_map(model, x, y, start, start.shape[0], options.get("map_options"), fraction, seed))
 
 
 register(MethodSpec(
@@ -260,5 +256,5 @@ register(MethodSpec(
     constraints={"lr": Either(Positive(), "auto"), "momentum": Interval(0.0, 1.0, "left")},
     quick={"num_epochs": 2, "batch_size": 16, "num_samples": 4, "map_options": {"max_epochs": 2, "progress": False}, "progress": False},
     bo_options=dict(num_epochs=100, rank=10, num_samples=64, batch_size=32, map_options=dict(max_epochs=1000, lr=1e-2, batch_size=None, patience=1000)),
-    warm_start=WarmStart(prepare=_warm_start, names=("map_estimate", "num_epochs", "map_options")),
+    warm_start=WarmStart(init=None, prepare=_warm_start, scaled=("num_epochs",), names=("map_estimate", "map_options")),
 ))

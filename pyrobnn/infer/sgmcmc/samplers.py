@@ -98,7 +98,9 @@ class _SGMCMCSampler(MinibatchSampler):
         return self.name + (" (cyclical)" if self.settings["schedule"] == "cyclical" else "")
 
     def stats(self, chains) -> dict:
-        return {"step": torch.tensor(chains.kept), "step_size": torch.full((chains.draws.shape[0],), float(chains.stats["step_size"]))}
+        draws = chains.draws
+        return {"step": torch.tensor(chains.kept, device=draws.device),
+                "step_size": torch.full((draws.shape[0],), float(chains.stats["step_size"]), device=draws.device)}
 
 
 def _sample(kind: str, model, x, y, settings: dict, progress: bool, checkpoint) -> Posterior:
@@ -191,10 +193,9 @@ def _keeps_a_draw(options):
     return None
 
 
-def _warm_start(model, previous, x, y, options, fraction, seed):
-    """A refit from the previous chains' last draws: the burn-in cut to ``fraction``, the steps
-    after it as many as before."""
-    warm = dict(options, init=previous, num_chains=previous.num_chains)
+def _cut_burnin(model, previous, x, y, options, fraction, seed):
+    """A refit's burn-in cut to ``fraction``, the steps after it as many as before."""
+    warm = dict(options)
     steps = options.get("num_steps", 10_000)
     burnin = options.get("num_burnin")
     burnin = steps // 2 if burnin is None else burnin
@@ -209,7 +210,7 @@ _SG_CONSTRAINTS = {
 }
 _SG_RULES = (_burnin_in_range, _cycles_fit, _keeps_a_draw)
 _SG_QUICK = {"num_steps": 6, "thinning": 2, "batch_size": 16, "num_chains": 2, "step_size": "auto", "progress": False}
-_SG_WARM_START = WarmStart(prepare=_warm_start, names=("init", "num_chains", "num_burnin", "num_steps"))
+_SG_WARM_START = WarmStart(init="init", count="num_chains", prepare=_cut_burnin, names=("num_burnin", "num_steps"))
 register(MethodSpec("sgld", "SGLD: Langevin dynamics on minibatch gradients (constant or cyclical steps)", "sgmcmc", sgld,
                     latent_only_support(), budgets=_SG_BUDGETS, constraints=_SG_CONSTRAINTS, rules=_SG_RULES, quick=_SG_QUICK,
                     bo_options=dict(num_steps=4000, thinning=50, step_size="auto"), warm_start=_SG_WARM_START))

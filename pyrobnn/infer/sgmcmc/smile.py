@@ -12,7 +12,7 @@ from pyrobnn.infer.core.runner import RunSettings, sample
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.infer.sgmcmc.samplers import MinibatchSampler
 from pyrobnn.infer.sgmcmc.smile_kernel import SMILE, SMILESettings
-from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register
+from pyrobnn.methods import CHAIN_WARM_START, MethodSpec, checked, latent_only_support, register, samples_cover_thinning
 from pyrobnn.utils.constraints import Either, Flag, Interval, Positive
 
 __all__ = ["smile"]
@@ -91,12 +91,6 @@ def smile(
     return sample(model, x, y, _SMILESampler(settings, kernel), run)
 
 
-def _keeps_a_draw(options):
-    if options["num_samples"] < options["thinning"]:
-        return f"num_samples ({options['num_samples']}) must be at least thinning ({options['thinning']}): no draw would be kept"
-    return None
-
-
 register(MethodSpec(
     "smile", "SMILE: stochastic-gradient microcanonical Langevin ensembles (pSMILE by default)", "sgmcmc", smile,
     latent_only_support(), budgets={"num_samples": 1, "num_warmup": 0, "thinning": 1, "batch_size": 1, "num_chains": 1},
@@ -105,7 +99,7 @@ register(MethodSpec(
         "reset_prob": Interval(0.0, 1.0, "right", "a fraction"), "adaptation_prob": Interval(0.0, 1.0, "left", "a fraction"),
         "adaptation_strength": Interval(0.0, 1.0, "left", "a fraction"), "L": Either(Positive(), None),
     },
-    rules=(_keeps_a_draw,),
+    rules=(samples_cover_thinning("smile"),),
     quick={"num_samples": 4, "num_warmup": 4, "thinning": 2, "batch_size": 16, "num_chains": 2, "progress": False},
-    warm_start=WarmStart(init="init", count="num_chains", scaled=("num_warmup",)),
+    warm_start=CHAIN_WARM_START,
 ))
