@@ -81,7 +81,9 @@ class MinibatchLoop:
         self.n = n
         self.batch_size = n if batch_size is None else min(int(batch_size), n)
         self.device = device
-        self.order = torch.Generator().manual_seed(seed)
+        # on the host, so that the data order of a seed is the same on every device (it is drawn
+        # once an epoch, and the indices copied over then)
+        self.order = torch.Generator(device="cpu").manual_seed(seed)
         self.failures = StepFailures()
         self.advice = advice
         self.step = 0
@@ -91,7 +93,7 @@ class MinibatchLoop:
     def epoch_batches(self):
         """The index batches of one epoch: every point once, in a fresh random order, the last
         batch smaller when ``batch_size`` does not divide ``n``."""
-        perm = torch.randperm(self.n, generator=self.order).to(self.device)
+        perm = torch.randperm(self.n, generator=self.order, device="cpu").to(self.device)
         for i in range(0, self.n, self.batch_size):
             yield perm[i : i + self.batch_size]
 
@@ -100,7 +102,7 @@ class MinibatchLoop:
         fresh order when fewer than ``batch_size`` are left (step-based samplers)."""
         perm, cursor = self._stream if self._stream is not None else (None, self.n)
         if cursor + self.batch_size > self.n:
-            perm, cursor = torch.randperm(self.n, generator=self.order).to(self.device), 0
+            perm, cursor = torch.randperm(self.n, generator=self.order, device="cpu").to(self.device), 0
         self._stream = (perm, cursor + self.batch_size)
         return perm[cursor : cursor + self.batch_size]
 
@@ -110,7 +112,7 @@ class MinibatchLoop:
         minibatches, so that chains run from one start still see independent noise)."""
         perm, cursor = self._stream if self._stream is not None else (None, self.n)
         if cursor + self.batch_size > self.n:
-            perm = torch.rand(rows, self.n, generator=self.order).argsort(-1).to(self.device)
+            perm = torch.rand(rows, self.n, generator=self.order, device="cpu").argsort(-1).to(self.device)
             cursor = 0
         self._stream = (perm, cursor + self.batch_size)
         return perm[:, cursor : cursor + self.batch_size]

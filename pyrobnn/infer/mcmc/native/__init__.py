@@ -91,7 +91,7 @@ def _is_exp(transform) -> bool:
     identity affine map that ``greater_than(0)`` adds), the map the kernels assume."""
     if isinstance(transform, ExpTransform):
         return True
-    u = torch.tensor([-3.0, 0.0, 2.0], dtype=torch.float64)
+    u = torch.tensor([-3.0, 0.0, 2.0], dtype=torch.float64, device="cpu")  # a probe of the transform
     try:
         value = transform(u)
         return bool(torch.allclose(value, u.exp()) and torch.allclose(transform.log_abs_det_jacobian(u, value), u))
@@ -195,9 +195,9 @@ class NativeMLP:
                     offset += value.numel()
             rows.append(row)
             prec.append(row_prec)
-        self._layers = torch.tensor(rows, dtype=torch.int64)
-        self._prec = torch.tensor(prec, dtype=self.dtype)
-        self._constants = (torch.cat(constants) if constants else torch.zeros(1)).to(self.dtype).contiguous()
+        self._layers = torch.tensor(rows, dtype=torch.int64, device="cpu")
+        self._prec = torch.tensor(prec, dtype=self.dtype, device="cpu")
+        self._constants = (torch.cat(constants) if constants else torch.zeros(1, device="cpu")).to(self.dtype).contiguous()
         self._x_t = x.detach().to(self.dtype).T.contiguous()
         spec = _Model()
         spec.num_layers = len(rows)
@@ -207,8 +207,8 @@ class NativeMLP:
         spec.noise_off = -1
         form = native_form(model.likelihood)
         spec.likelihood = LIKELIHOODS[form.kind]
-        self._labels = torch.zeros(1, dtype=torch.int64)
-        self._y_t = torch.zeros(1, dtype=self.dtype)
+        self._labels = torch.zeros(1, dtype=torch.int64, device="cpu")
+        self._y_t = torch.zeros(1, dtype=self.dtype, device="cpu")
         if form.kind == "categorical":
             spec.target_dim = rows[-1][1]
             self._labels = y.detach().to(torch.int64).reshape(-1).contiguous()
@@ -261,7 +261,7 @@ class NativeMLP:
         """``(U(z), dU/dz)`` for ``z`` of shape ``(chains, dim)``."""
         z = z.detach().to(self.dtype).contiguous()
         chains = z.shape[0]
-        u = torch.empty(chains, dtype=self.dtype)
+        u = torch.empty(chains, dtype=self.dtype, device="cpu")
         g = torch.empty_like(z)
         fn, spec, D = self._fn("value_and_grad"), ctypes.byref(self._spec), self.dim
         size = z.element_size()
@@ -282,7 +282,7 @@ class NativeMLP:
         mean acceptance, tree depth, leapfrog steps, divergence."""
         self._check(z, energy, grad, r0, inv_mass, step, uniforms)
         chains = z.shape[0]
-        stats = torch.empty(chains, 4, dtype=self.dtype)
+        stats = torch.empty(chains, 4, dtype=self.dtype, device="cpu")
         fn, spec, D, row = self._fn("nuts"), ctypes.byref(self._spec), self.dim, uniforms.shape[1]
         size = z.element_size()
 
@@ -300,8 +300,8 @@ class NativeMLP:
         changes and whether each step was finite (``(C,)`` each)."""
         self._check(z, u, energy, grad, step, L, sqrt_inv_mass, noise)
         chains = z.shape[0]
-        d_energy = torch.empty(chains, dtype=self.dtype)
-        finite = torch.empty(chains, dtype=self.dtype)
+        d_energy = torch.empty(chains, dtype=self.dtype, device="cpu")
+        finite = torch.empty(chains, dtype=self.dtype, device="cpu")
         fn, spec, D = self._fn("mclmc"), ctypes.byref(self._spec), self.dim
         size = z.element_size()
 
