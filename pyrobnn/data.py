@@ -27,10 +27,10 @@ def blundell_regression(n: int = 100, noise: float = 0.02, x_range=(0.0, 0.5), s
     :math:`\\epsilon \\sim N(0, \\text{noise}^2)`, as ``(x, y)`` of shapes ``(n, 1)``.
     The paper trains on ``x`` in [0, 0.5] and shows the fit on a wider range, where a BNN's
     uncertainty should grow."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device="cpu").manual_seed(seed)
     lo, hi = x_range
-    x = lo + (hi - lo) * torch.rand(n, 1, generator=g, dtype=torch.float64)
-    eps = noise * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    x = lo + (hi - lo) * torch.rand(n, 1, generator=g, dtype=torch.float64, device="cpu")
+    eps = noise * torch.randn(n, 1, generator=g, dtype=torch.float64, device="cpu")
     return x.to(dtype), blundell_curve(x, eps).to(dtype)
 
 
@@ -39,27 +39,27 @@ def gap_regression(n: int = 100, noise: float = 0.1, seed: int = 0, dtype=torch.
     2019): ``x`` uniform on [-1, -0.35] and [0.35, 1], ``y = sin(3 x) + 0.3 x^2 + noise``.
     A good posterior is more uncertain inside the gap than on the data; mean-field VI is
     known to fail at this. Returns ``(x, y)`` of shapes ``(n, 1)``."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device="cpu").manual_seed(seed)
     half = n // 2
-    left = -1 + 0.65 * torch.rand(half, 1, generator=g, dtype=torch.float64)
-    right = 0.35 + 0.65 * torch.rand(n - half, 1, generator=g, dtype=torch.float64)
+    left = -1 + 0.65 * torch.rand(half, 1, generator=g, dtype=torch.float64, device="cpu")
+    right = 0.35 + 0.65 * torch.rand(n - half, 1, generator=g, dtype=torch.float64, device="cpu")
     x = torch.cat([left, right])
-    y = torch.sin(3 * x) + 0.3 * x**2 + noise * torch.randn(n, 1, generator=g, dtype=torch.float64)
+    y = torch.sin(3 * x) + 0.3 * x**2 + noise * torch.randn(n, 1, generator=g, dtype=torch.float64, device="cpu")
     return x.to(dtype), y.to(dtype)
 
 
 def two_moons(n: int = 400, noise: float = 0.15, seed: int = 0, dtype=torch.float32):
     """Two interleaving half circles, a 2-D binary classification set: ``(x, y)`` with ``x``
     of shape ``(n, 2)`` and integer labels ``y`` of shape ``(n,)``."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device="cpu").manual_seed(seed)
     half = n // 2
-    t1 = math.pi * torch.rand(half, generator=g, dtype=torch.float64)
-    t2 = math.pi * torch.rand(n - half, generator=g, dtype=torch.float64)
+    t1 = math.pi * torch.rand(half, generator=g, dtype=torch.float64, device="cpu")
+    t2 = math.pi * torch.rand(n - half, generator=g, dtype=torch.float64, device="cpu")
     upper = torch.stack([torch.cos(t1), torch.sin(t1)], 1)
     lower = torch.stack([1 - torch.cos(t2), 0.5 - torch.sin(t2)], 1)
-    x = torch.cat([upper, lower]) + noise * torch.randn(n, 2, generator=g, dtype=torch.float64)
-    y = torch.cat([torch.zeros(half, dtype=torch.long), torch.ones(n - half, dtype=torch.long)])
-    perm = torch.randperm(n, generator=g)
+    x = torch.cat([upper, lower]) + noise * torch.randn(n, 2, generator=g, dtype=torch.float64, device="cpu")
+    y = torch.cat([torch.zeros(half, dtype=torch.long, device="cpu"), torch.ones(n - half, dtype=torch.long, device="cpu")])
+    perm = torch.randperm(n, generator=g, device="cpu")
     return x[perm].to(dtype), y[perm]
 
 
@@ -204,7 +204,7 @@ def mnist(root=None, train: bool = True, subset=None, seed: int = 0, cache=None,
     if subset is not None:
         if not 0 < subset <= x.shape[0]:
             raise ValueError(f"subset must be between 1 and {x.shape[0]}, got {subset}")
-        idx = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:subset]
+        idx = torch.randperm(x.shape[0], generator=torch.Generator(device="cpu").manual_seed(seed), device="cpu")[:subset]
         x, y = x[idx], y[idx]
     return x, y
 
@@ -326,7 +326,7 @@ def uci(name: str, split: int = 0, data_path=None, dtype=torch.float32) -> UCISp
             meta[key] = _read_numbers(path, float, key).tolist()
 
     def t(a):
-        return torch.as_tensor(np.asarray(a), dtype=dtype)
+        return torch.as_tensor(np.asarray(a), dtype=dtype, device="cpu")
 
     return UCISplit(
         name, split,
@@ -360,7 +360,7 @@ def uci_shuffled(name: str, seed: int, fractions=(0.7, 0.1, 0.2), data_path=None
     y_std = np.where(y_std > 0, y_std, 1.0)
 
     def t(a):
-        return torch.as_tensor(np.asarray(a), dtype=dtype)
+        return torch.as_tensor(np.asarray(a), dtype=dtype, device="cpu")
 
     return UCISplit(
         name, seed,

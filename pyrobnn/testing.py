@@ -89,15 +89,15 @@ class Case:
 
 
 def _regression(n, d=2, outputs=1, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g, dtype=dtype)
-    y = torch.sin(x.sum(-1, keepdim=True)).repeat(1, outputs) + 0.1 * torch.randn(n, outputs, generator=g, dtype=dtype)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=dtype, device="cpu")
+    y = torch.sin(x.sum(-1, keepdim=True)).repeat(1, outputs) + 0.1 * torch.randn(n, outputs, generator=g, dtype=dtype, device="cpu")
     return x, y
 
 
 def _images(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 1, 8, 8, generator=g)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(n, 1, 8, 8, generator=g, device="cpu")
     y = (x[:, 0, :4].mean((1, 2)) > 0).long() + (x[:, 0, 4:].mean((1, 2)) > 0).long()
     return x, y
 
@@ -213,12 +213,17 @@ def method_prior(key: str):
     return NormalPrior(1.0) if "normal" in priors or "other" in priors else LogUniformPrior()
 
 
-def build_case(name: str, key: str = None):
+def build_case(name: str, key: str = None, device=None):
     """A fresh ``(model, x, y, x_test, y_test)`` of the case ``name``, with the weight prior the
-    cases use for method ``key`` (:func:`method_prior`)."""
+    cases use for method ``key`` (:func:`method_prior`), the model and the tensors moved to
+    ``device`` when one is given (NumPy data stays NumPy)."""
     if name not in CASES:
         raise KeyError(f"no case {name!r}; cases: {sorted(CASES)}")
-    return CASES[name].build(method_prior(key))
+    model, *data = CASES[name].build(method_prior(key))
+    if device is None:
+        return (model, *data)
+    device = torch.device(device)
+    return (model.to(device), *(t.to(device) if isinstance(t, torch.Tensor) else t for t in data))
 
 
 def _fail(key, case, what):
@@ -249,6 +254,9 @@ def _expected_shape(model, x_test) -> tuple:
 def _check_prediction(key, case, model, pred, x_test):
     lik = model.likelihood
     shape = _expected_shape(model, x_test)
+    where = (pred.loc_samples if isinstance(pred, RegressionPrediction) else pred.sample_probs).device
+    if where != model.device:
+        _fail(key, case, f"predict's values are on {where}, the model on {model.device}")
     if isinstance(lik, (GaussianLikelihood, HeteroscedasticGaussianLikelihood)):
         if not isinstance(pred, RegressionPrediction):
             _fail(key, case, f"predict gave a {type(pred).__name__} for a {type(lik).__name__}")
@@ -285,10 +293,10 @@ def _state(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def check_refusal(key: str, case: str) -> None:
+def check_refusal(key: str, case: str, device=None) -> None:
     """On a case its declaration does not support, the method is refused at the call, by name,
     with the alternatives, and the model is left as it was."""
-    model, x, y, _, _ = build_case(case, key)
+    model, x, y, _, _ = build_case(case, key, device)
     before = _state(model)
     try:
         _run(key, model, x, y)
@@ -303,16 +311,18 @@ def check_refusal(key: str, case: str) -> None:
         _fail(key, case, "a refused call changed the model")
 
 
-def check_method(key: str, case: str, verbs: bool = True) -> None:
+def check_method(key: str, case: str, verbs: bool = True, device=None) -> None:
     """The contract on one case: refused by declaration (:func:`check_refusal`), or run, with a
     :class:`~pyrobnn.infer.results.protocol.Result` of the method's family, a finite ``predict`` of the
     likelihood's shape, and with ``verbs`` a ``to_arviz`` holding every draw and the outputs, a
     ``save`` to one file of plain tensors (it loads with ``weights_only=True``) then
-    ``load(path, model)`` with identical predictions, and a ``summary`` that names the method."""
+    ``load(path, model)`` with identical predictions, and a ``summary`` that names the method.
+    With ``device``, the case is built there (:func:`build_case`) and the predictions must be
+    there too."""
     spec = methods.spec(key)
-    model, x, y, x_test, y_test = build_case(case, key)
+    model, x, y, x_test, y_test = build_case(case, key, device)
     if not methods.supports(key, model):
-        check_refusal(key, case)
+        check_refusal(key, case, device)
         return
     result = _run(key, model, x, y)
     if not isinstance(result, Result):
@@ -353,11 +363,11 @@ def check_method(key: str, case: str, verbs: bool = True) -> None:
         _fail(key, case, f"summary() does not name the result ({result.method!r})")
 
 
-def check_determinism(key: str, case: str = "targets_1d") -> None:
+def check_determinism(key: str, case: str = "targets_1d", device=None) -> None:
     """The same call with the same seed gives bit-identical draws twice in one process."""
     draws = []
     for _ in range(2):
-        model, x, y, _, _ = build_case(case, key)
+        model, x, y, _, _ = build_case(case, key, device)
         draws.append(_draws(_run(key, model, x, y, seed=3)))
     if draws[0].keys() != draws[1].keys() or any(not torch.equal(draws[0][k], draws[1][k]) for k in draws[0]):
         _fail(key, case, "the same call with the same seed gave different draws")
@@ -390,15 +400,15 @@ def check_fresh_process(key: str, case: str = "targets_1d", env=None) -> None:
                 _fail(key, case, f"a fresh process (run {i + 1}) gave other draws than this one")
 
 
-def check_budgets(key: str, case: str = "targets_1d") -> None:
+def check_budgets(key: str, case: str = "targets_1d", device=None) -> None:
     """Every declared smallest budget runs; one below it is refused at the call, naming the
     argument."""
     spec = methods.spec(key)
-    model, x, y, x_test, _ = build_case(case, key)
+    model, x, y, x_test, _ = build_case(case, key, device)
     result = _run(key, model, x, y, **spec.budgets)
     _check_prediction(key, case, model, result.predict(x_test, seed=0), x_test)
     for name, least in spec.budgets.items():
-        model, x, y, _, _ = build_case(case, key)
+        model, x, y, _, _ = build_case(case, key, device)
         try:
             _run(key, model, x, y, **{**spec.budgets, name: least - 1})
         except (ValueError, TypeError) as e:
@@ -512,34 +522,36 @@ def check_memory(key: str, small: int = 128, large: int = 512, ratio: float = 1.
                               f"{peaks[large][i] / 2**20:.2f} MiB on {large}: it grows with the data, not with the batch")
 
 
-def checks(method_keys=None, case_names=None) -> list:
+def checks(method_keys=None, case_names=None, device=None) -> list:
     """``[(id, function)]``: every check of the suite for the methods ``method_keys`` (default:
-    every registered method) on the cases ``case_names`` (default: all), each a function of no
-    arguments that raises ``AssertionError`` on a failure."""
+    every registered method) on the cases ``case_names`` (default: all), on ``device`` (default:
+    where the cases are built, the default device), each a function of no arguments that raises
+    ``AssertionError`` on a failure."""
     keys = list(methods.METHODS) if method_keys is None else list(method_keys)
     names = list(CASES) if case_names is None else list(case_names)
     out = []
     for key in keys:
         for name in names:
-            out.append((f"{key}-{name}", lambda key=key, name=name: check_method(key, name)))
-        out.append((f"{key}-determinism", lambda key=key: check_determinism(key)))
-        out.append((f"{key}-budgets", lambda key=key: check_budgets(key)))
+            out.append((f"{key}-{name}", lambda key=key, name=name: check_method(key, name, device=device)))
+        out.append((f"{key}-determinism", lambda key=key: check_determinism(key, device=device)))
+        out.append((f"{key}-budgets", lambda key=key: check_budgets(key, device=device)))
         out.append((f"{key}-declaration", lambda key=key: check_declaration(key)))
     return out
 
 
-def parametrize_with_checks(method_keys=None, case_names=None):
+def parametrize_with_checks(method_keys=None, case_names=None, device=None):
     """A ``pytest.mark.parametrize`` over :func:`checks`: the decorated test takes ``check`` and
     calls it."""
     import pytest
 
-    found = checks(method_keys, case_names)
+    found = checks(method_keys, case_names, device)
     return pytest.mark.parametrize("check", [f for _, f in found], ids=[i for i, _ in found])
 
 
-def conformance_matrix(method_keys=None, case_names=None) -> dict:
+def conformance_matrix(method_keys=None, case_names=None, device=None) -> dict:
     """``{method: {case: "passes" | "refused by design" | "fails: ..."}}`` over the registry and
-    the cases (the documentation's conformance table)."""
+    the cases (the documentation's conformance table), on ``device`` (default: where the cases
+    are built)."""
     out = {}
     for key in methods.METHODS if method_keys is None else method_keys:
         row = {}
@@ -547,7 +559,7 @@ def conformance_matrix(method_keys=None, case_names=None) -> dict:
             model = build_case(name, key)[0]
             supported = methods.supports(key, model)
             try:
-                check_method(key, name)
+                check_method(key, name, device=device)
                 row[name] = "passes" if supported else "refused by design"
             except Exception as e:  # the matrix records a failure instead of stopping
                 row[name] = f"fails: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
@@ -556,14 +568,25 @@ def conformance_matrix(method_keys=None, case_names=None) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m pyrobnn.testing [--out FILE]``: the conformance matrix as JSON."""
+    """``python -m pyrobnn.testing [--out FILE] [--device DEVICE] [--methods KEY ...]``: the
+    conformance matrix as JSON; exits 1 where a check fails."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m pyrobnn.testing", description=main.__doc__)
     parser.add_argument("--out", help="write the matrix here (JSON) instead of printing it")
+    parser.add_argument("--device", help="run every case on this device (e.g. cuda); default: where the cases are built, the CPU")
+    parser.add_argument("--methods", nargs="+", metavar="KEY", help=f"only these methods (of {', '.join(methods.METHODS)})")
     args = parser.parse_args(argv)
+    if args.device is not None:
+        try:
+            torch.empty(0, device=args.device)
+        except (RuntimeError, ValueError) as e:
+            parser.error(f"--device {args.device}: {e}")
+    unknown = sorted(set(args.methods or ()) - set(methods.METHODS))
+    if unknown:
+        parser.error(f"--methods: no method {unknown}; the registry has {sorted(methods.METHODS)}")
     torch.set_num_threads(1)
-    matrix = conformance_matrix()
+    matrix = conformance_matrix(args.methods, device=args.device)
     text = json.dumps({"cases": {k: c.description for k, c in CASES.items()}, "matrix": matrix}, indent=1) + "\n"
     if args.out:
         from pyrobnn.utils.io import atomic_write_text

@@ -17,6 +17,35 @@ def test_conformance(check):
     check()
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the conformance checks on CUDA run on a GPU machine (benchmarks/gpu_check.sh)")
+
+
+@CUDA
+@testing.parametrize_with_checks(device="cuda")
+def test_conformance_on_cuda(check):
+    check()
+
+
+@pytest.fixture
+def float64_by_default():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.mark.parametrize("key", list(methods.METHODS))
+@pytest.mark.parametrize("case", ["targets_1d", "numpy"])
+def test_a_float32_model_under_float64_as_the_default_dtype(key, case, float64_by_default):
+    # the cases' models and data are float32 (NumPy's float64 for the numpy case): every tensor a
+    # method makes without naming its dtype would be float64 here and meet float32 ones
+    model = testing.build_case(case, key)[0]
+    assert model.dtype == torch.float32
+    testing.check_method(key, case, verbs=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key", list(methods.METHODS))
 def test_memory_grows_with_the_batch_not_the_data(key):

@@ -45,7 +45,7 @@ def run_demo(out_dir: str, seed: int = 0, epochs: int = 3000, num_samples: int =
     os.makedirs(out_dir, exist_ok=True)
     x, y = blundell_regression(200, noise=0.02, x_range=(0.0, 0.5), seed=seed)
     x_test, y_test = blundell_regression(500, noise=0.02, x_range=(0.0, 0.5), seed=seed + 1)
-    x_grid = torch.linspace(-0.25, 0.75, 400).unsqueeze(-1)
+    x_grid = torch.linspace(-0.25, 0.75, 400, device="cpu").unsqueeze(-1)
     x_mean, x_std, y_mean, y_std = x.mean(), x.std(), y.mean(), y.std()
 
     def sx(v):

@@ -175,7 +175,7 @@ def fit_vae(
     n = x.shape[0]
     optimizer = torch.optim.Adam(vae.parameters(), lr=lr)
     loss_fn = Trace_ELBO()
-    generator = torch.Generator()
+    generator = torch.Generator(device="cpu")  # the data order, drawn on the host
     history, epoch = History(), 0
     if resume and checkpoint is not None and os.path.exists(checkpoint):
         state = safe_load(checkpoint)
@@ -190,13 +190,13 @@ def fit_vae(
     else:
         if seed is not None:
             pyro.set_rng_seed(seed)
-        generator.manual_seed(int(torch.randint(0, 2**62, ()).item()) if seed is None else seed)
+        generator.manual_seed(int(torch.randint(0, 2**62, (), device="cpu").item()) if seed is None else seed)
     bar = tqdm(total=epochs, initial=epoch, disable=not progress, desc="VAE", unit="epoch", dynamic_ncols=True)
     start = time.perf_counter() - (history.seconds[-1] if history.seconds else 0.0)
     try:
         while epoch < epochs:
             total, count = 0.0, 0
-            perm = torch.randperm(n, generator=generator)
+            perm = torch.randperm(n, generator=generator, device="cpu")
             for i in range(0, n, batch_size):
                 xb = x[perm[i : i + batch_size]]
                 if binarize:

@@ -34,7 +34,7 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 
         raise ValueError("logits contain non-finite values")
     z = logits.detach().double()
     y = labels.detach()
-    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    log_t = torch.zeros((), dtype=torch.float64, device=z.device, requires_grad=True)
     optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe")
 
     def closure():

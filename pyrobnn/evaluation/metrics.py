@@ -171,5 +171,5 @@ def ood_auroc(score_in: torch.Tensor, score_out: torch.Tensor) -> float:
         if not torch.isfinite(score).all():
             raise ValueError(f"{name} contains non-finite values")
     scores = torch.cat([score_in.reshape(-1), score_out.reshape(-1).to(score_in.device)]).double()
-    labels = torch.cat([torch.zeros(score_in.numel(), dtype=torch.long), torch.ones(score_out.numel(), dtype=torch.long)]).to(scores.device)
+    labels = torch.cat([torch.zeros(score_in.numel(), dtype=torch.long, device=scores.device), torch.ones(score_out.numel(), dtype=torch.long, device=scores.device)])
     return float(binary_auroc(scores, labels))

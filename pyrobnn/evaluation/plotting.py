@@ -52,7 +52,7 @@ def plot_reliability_diagram(ax, probs, y, num_bins: int = 15, label=None):
     from pyrobnn.evaluation.metrics import calibration_bins, expected_calibration_error
 
     count, conf, acc = calibration_bins(probs.detach().cpu(), y.detach().cpu(), num_bins)
-    edges = torch.linspace(0, 1, num_bins + 1)
+    edges = torch.linspace(0, 1, num_bins + 1, device="cpu")  # for matplotlib, as the bins
     filled = count > 0
     ece = expected_calibration_error(probs.detach().cpu(), y.detach().cpu(), num_bins)
     name = f"{label}: " if label else ""

@@ -56,12 +56,12 @@ class RegressionPrediction:
 
     def rescale(self, shift, scale) -> "RegressionPrediction":
         """The predictive of ``shift + scale * y``, e.g. to undo target standardization."""
-        shift = torch.as_tensor(shift, dtype=self.loc_samples.dtype)
-        scale = torch.as_tensor(scale, dtype=self.loc_samples.dtype)
+        shift = torch.as_tensor(shift, dtype=self.loc_samples.dtype, device=self.loc_samples.device)
+        scale = torch.as_tensor(scale, dtype=self.loc_samples.dtype, device=self.loc_samples.device)
         return RegressionPrediction(shift + scale * self.loc_samples, scale * self.scale_samples)
 
     def _targets(self, y):
-        y = torch.as_tensor(y, dtype=self.loc_samples.dtype)
+        y = torch.as_tensor(y, dtype=self.loc_samples.dtype, device=self.loc_samples.device)
         if y.dim() == 1 and self.loc_samples.shape[-1] == 1:
             y = y.unsqueeze(-1)
         if y.shape != self.loc_samples.shape[1:]:
@@ -143,7 +143,7 @@ class ClassificationPrediction:
         return (self.entropy - self.expected_entropy).clamp_min(0)
 
     def _labels(self, y):
-        y = torch.as_tensor(y)
+        y = torch.as_tensor(y, device=self.sample_probs.device)
         if y.shape != self.sample_probs.shape[1:-1]:
             raise ValueError(
                 f"labels of shape {tuple(y.shape)} do not match {self.sample_probs.shape[1]} predictions"

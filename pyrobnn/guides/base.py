@@ -18,7 +18,7 @@ __all__ = ["WeightGuide", "MeanGuide", "inverse_softplus", "site_key"]
 
 
 def inverse_softplus(x):
-    x = torch.as_tensor(x)
+    x = x if isinstance(x, torch.Tensor) else torch.tensor(x, device="cpu")
     return x + torch.log(-torch.expm1(-x))
 
 

@@ -74,7 +74,7 @@ class MeanFieldNormal(WeightGuide):
                 loc = float(init_loc) * torch.randn_like(value)
             self.loc[site_key(site.name)] = nn.Parameter(loc)
             self.rho[site_key(site.name)] = nn.Parameter(
-                torch.full_like(value, inverse_softplus(torch.tensor(self.init_scale, dtype=torch.float64)).item())
+                torch.full_like(value, inverse_softplus(torch.tensor(self.init_scale, dtype=torch.float64, device="cpu")).item())
             )
 
     def config(self) -> dict:

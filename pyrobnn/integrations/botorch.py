@@ -95,7 +95,8 @@ def default_model(d: int, m: int = 1, *, hidden=(50, 50), dtype=torch.float64) -
     import pyro.distributions as dist
 
     net = MLP(d, m, hidden=hidden, activation="tanh").to(dtype)
-    noise = dist.LogNormal(torch.tensor(-3.0, dtype=dtype), torch.tensor(1.0, dtype=dtype))
+    device = next(net.parameters()).device  # the default device, as the network's
+    noise = dist.LogNormal(torch.tensor(-3.0, dtype=dtype, device=device), torch.tensor(1.0, dtype=dtype, device=device))
     return BayesianModel(net, GaussianLikelihood(scale=noise), prior=NormalPrior(1.0, fan_in=True))
 
 
@@ -320,8 +321,9 @@ class PosteriorSurrogate(Surrogate, EnsembleModel):
     def _noise(self, values):
         """Each member's observation noise, drawn under the surrogate's seed: ``sigma_s * eps``."""
         likelihood = self.model.likelihood
-        generator = torch.Generator().manual_seed(self.seed)
-        eps = torch.randn(values.shape, generator=generator, dtype=values.dtype).to(values.device)
+        # drawn on the host: one seed gives the same noise on every device
+        generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        eps = torch.randn(values.shape, generator=generator, dtype=values.dtype, device="cpu").to(values.device)
         if isinstance(likelihood, HeteroscedasticGaussianLikelihood):
             raise UnsupportedError("observation_noise=True with a heteroscedastic likelihood is not supported")
         latents = list(likelihood.latent_sites())

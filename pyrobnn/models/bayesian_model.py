@@ -172,7 +172,7 @@ class BayesianModel(nn.Module):
         self._finite(x, "x")
         if y is not None:
             y = as_tensor(y, "y", self.dtype).to(self.device) if isinstance(y, np.ndarray) else y
-            self._finite(torch.as_tensor(y), "y")
+            self._finite(torch.as_tensor(y, device=getattr(y, "device", "cpu")), "y")
         replaced = pyro_params(self.point_parameters(), self.pyro_prefix)
         if replaced:
             return call_substituted(self, replaced, self._run, x, y, dataset_size)

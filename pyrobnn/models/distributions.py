@@ -74,6 +74,29 @@ def without_validation(d):
     return out
 
 
+def distribution_to(d, device):
+    """``d`` (a copy) with every tensor it holds on ``device``: its parameters, its base
+    distribution's and its transforms'. torch distributions have no ``.to``; a prior given as a
+    distribution (a noise scale's ``LogNormal(-2, 1)``, made on the CPU) must sample and score on
+    the device of the model that holds it."""
+    device = torch.device(device)
+
+    def moved(obj):
+        if isinstance(obj, torch.Tensor):
+            return obj.to(device)
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(moved(o) for o in obj)
+        if isinstance(obj, (torch.distributions.Distribution, torch.distributions.Transform)):
+            out = copy.copy(obj)
+            for name, value in vars(obj).items():
+                if isinstance(value, (torch.Tensor, list, tuple, torch.distributions.Distribution, torch.distributions.Transform)):
+                    setattr(out, name, moved(value))
+            return out
+        return obj
+
+    return moved(d)
+
+
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 

@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributions import constraints
 
 from pyrobnn.evaluation.predictions import ClassificationPrediction, RegressionPrediction
+from pyrobnn.models.distributions import distribution_to
 from pyrobnn.utils.validation import check_label_dtype, check_label_range
 
 __all__ = [
@@ -78,7 +79,7 @@ class Likelihood(nn.Module):
     def __init__(self, dataset_size=None):
         super().__init__()
         self.dataset_size = dataset_size
-        self._arange = torch.arange(0)
+        self._arange = torch.arange(0, device="cpu")  # made on the outputs' device at first use
 
     def native_form(self) -> NativeForm:
         """How the native kernels evaluate this likelihood (:class:`NativeForm`); a likelihood
@@ -175,7 +176,7 @@ class GaussianLikelihood(Likelihood):
                 raise ValueError(f"scale must be a number, 'learned' or a prior, got {scale!r}")
             if not init_scale > 0:
                 raise ValueError("init_scale must be positive")
-            self.scale_unconstrained = nn.Parameter(torch.tensor(_inverse_softplus(init_scale)))
+            self.scale_unconstrained = nn.Parameter(torch.tensor(_inverse_softplus(init_scale), device=torch.get_default_device()))  # as nn.Linear's
         elif isinstance(scale, torch.distributions.Distribution):
             support = scale.support
             bounded_below = isinstance(support, (constraints.greater_than, constraints.greater_than_eq))
@@ -183,12 +184,23 @@ class GaussianLikelihood(Likelihood):
                 raise ValueError(f"a prior on the noise scale needs positive support, got {support}")
             if scale.batch_shape != torch.Size() or scale.event_shape != torch.Size():
                 raise ValueError("the noise-scale prior must be a scalar distribution")
-            self.scale_prior = scale
+            # on the device the module's parameters are made on, and moved with them (_apply)
+            self._prior_device = torch.get_default_device()
+            self.scale_prior = distribution_to(scale, self._prior_device)
         else:
             scale = float(scale)
             if not scale > 0 or not math.isfinite(scale):
                 raise ValueError(f"noise scale must be positive and finite, got {scale}")
-            self.register_buffer("fixed_scale", torch.tensor(scale))
+            self.register_buffer("fixed_scale", torch.tensor(scale, device=torch.get_default_device()))  # as nn.Linear's
+
+    def _apply(self, fn, recurse=True):
+        # a prior given as a distribution is not a buffer: it moves with the module by hand
+        out = super()._apply(fn, recurse)
+        if self.scale_prior is not None:
+            device = fn(torch.empty(0, device=self._prior_device)).device
+            if device != self._prior_device:
+                self.scale_prior, self._prior_device = distribution_to(self.scale_prior, device), device
+        return out
 
     @property
     def noise_kind(self) -> str:
@@ -278,7 +290,7 @@ class HeteroscedasticGaussianLikelihood(Likelihood):
     def check_targets(self, y, output_shape):
         n, d2 = output_shape
         if d2 % 2:
-            self.split(torch.empty(output_shape))
+            self.split(torch.empty(output_shape, device="meta"))  # checks the shape only
         return _check_float_targets(y, (n, d2 // 2), "regression")
 
     def summarize(self, outputs, latents):

@@ -1,4 +1,5 @@
-"""Process-level settings that make CPU training faster."""
+"""Process-level settings: those that make CPU training faster, and the default dtype and device held
+for code that makes its tensors on them (Pyro's own samplers)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,25 @@ import contextlib
 import ctypes
 import ctypes.util
 
-__all__ = ["tune_cpu_allocator", "raised_recompile_limits", "compiled"]
+__all__ = ["tune_cpu_allocator", "raised_recompile_limits", "compiled", "tensor_defaults"]
+
+
+@contextlib.contextmanager
+def tensor_defaults(dtype, device):
+    """Within the block, torch's default dtype and device are ``dtype`` and ``device``; the earlier
+    ones are restored on the way out, also after an error. For library code that makes tensors
+    without naming either: Pyro's HMC and NUTS draw their momenta and make their mass matrices on
+    the defaults, so a float32 model under ``torch.set_default_dtype(torch.float64)`` had float64
+    weights pushed into it."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def raised_recompile_limits(enabled: bool = True):

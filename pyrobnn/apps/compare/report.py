@@ -127,7 +127,7 @@ def plot_calibration(out_dir, keys, calibration, labels):
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], color="0.5", lw=1, ls="--", label="ideal")
     for key in keys:
-        observed = torch.tensor(calibration[key], dtype=torch.float64).mean(0)
+        observed = torch.tensor(calibration[key], dtype=torch.float64, device="cpu").mean(0)
         ax.plot(CALIBRATION_LEVELS, observed.tolist(), marker="o", ms=3, label=labels[key])
     ax.set_xlabel("nominal coverage of the central interval")
     ax.set_ylabel("observed coverage on the test set")

@@ -200,7 +200,7 @@ def _splits(dataset, data_dir, splits, seed):
         x_test, y_test = gap_regression(n=200, noise=0.1, seed=seed + 1)
         yield {
             "split": 0, "x_train": x, "y_train": y, "x_test": x_test, "y_test": y_test,
-            "y_mean": torch.tensor(0.0), "y_std": torch.tensor(1.0), "hidden": 50, "activation": "tanh",
+            "y_mean": torch.tensor(0.0, device="cpu"), "y_std": torch.tensor(1.0, device="cpu"), "hidden": 50, "activation": "tanh",
         }
         return
     n = uci_num_splits(dataset, data_dir)
@@ -272,7 +272,7 @@ def run_compare(
     calibration = {k: [] for k in keys}
     grid_preds = {}
     toy = dataset == "toy"
-    x_grid = torch.linspace(-1.6, 1.6, 300).unsqueeze(-1) if toy else None
+    x_grid = torch.linspace(-1.6, 1.6, 300, device="cpu").unsqueeze(-1) if toy else None
     split_list = list(_splits(dataset, data_dir, splits, seed))
     # a split's results are saved as it completes, so an interrupted run resumes where it
     # stopped; the toy run keeps its plotting grid in memory and always runs afresh
@@ -304,7 +304,7 @@ def run_compare(
         label = (REFERENCES[reference] if key == "reference" else METHODS[key]).label
         summary = {"method": label, "key": key, "splits": len(per_split[key])}
         for metric in METRICS:
-            values = torch.tensor([r[metric] for r in per_split[key]], dtype=torch.float64)
+            values = torch.tensor([r[metric] for r in per_split[key]], dtype=torch.float64, device="cpu")
             summary[metric] = values.mean().item()
             summary[f"{metric}_se"] = (values.std() / math.sqrt(len(values))).item() if len(values) > 1 else 0.0
         if key == "reference" and diagnostics_rows:
@@ -323,7 +323,7 @@ def run_compare(
 
 def _reference_summary(reference, diagnostics_rows) -> dict:
     if reference == "nuts":
-        rhat = torch.tensor([d["max_rhat_predictions"] for d in diagnostics_rows], dtype=torch.float64)
+        rhat = torch.tensor([d["max_rhat_predictions"] for d in diagnostics_rows], dtype=torch.float64, device="cpu")
         return {
             "max_rhat_predictions": rhat.max().item(),
             "median_max_rhat_predictions": rhat.median().item(),
@@ -333,7 +333,7 @@ def _reference_summary(reference, diagnostics_rows) -> dict:
     worst = max(diagnostics_rows, key=lambda d: d["worst_rhat"])
     return {
         "worst_within_chain_rhat": worst["worst_rhat"],
-        "median_within_chain_rhat": float(torch.tensor([d["median_rhat"] for d in diagnostics_rows]).median()),
+        "median_within_chain_rhat": float(torch.tensor([d["median_rhat"] for d in diagnostics_rows], device="cpu").median()),
         "drifting_chains": sum(d["drifting_chains"] for d in diagnostics_rows),
         "chains_total": sum(d["chains"] for d in diagnostics_rows),
         "verdict_worst_split": worst["verdict"],

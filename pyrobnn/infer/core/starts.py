@@ -53,7 +53,7 @@ def member_initializations(model, potential, num_members: int, seed: int = 0):
             params = dict(net.named_parameters())
             values = {s.name: params[s.name].detach().unsqueeze(0) for s in model.sites}
             for name, prior in model.likelihood.latent_sites().items():
-                values[name] = prior.sample((1,)).to(model.dtype)
+                values[name] = prior.sample((1,)).to(device=model.device, dtype=model.dtype)
         rows.append(potential.pack(values))
     return torch.cat(rows, 0).to(device=model.device, dtype=model.dtype)
 

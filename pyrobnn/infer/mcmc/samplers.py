@@ -23,6 +23,7 @@ from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.methods import CHAIN_WARM_START, MethodSpec, checked, latent_only_support, register, samples_cover_thinning
 from pyrobnn.utils.constraints import Either, Interval, OneOf, Phases, Positive, PositiveInt
 from pyrobnn.utils.modes import eval_mode
+from pyrobnn.utils.runtime import tensor_defaults
 from pyrobnn.utils.validation import validate_training_data
 
 __all__ = ["nuts", "mclmc", "pyro_nuts", "FullBatchSampler", "mile_decoherence_length"]
@@ -256,7 +257,8 @@ def pyro_nuts(
     names = [s.name for s in model.sites] + list(model.likelihood.latent_sites())
     chains, stats = [], {"diverging": []}
     start = time.perf_counter()
-    with eval_mode(model):
+    # Pyro makes its momenta and mass matrices on torch's defaults: held at the model's
+    with eval_mode(model), tensor_defaults(model.dtype, model.device):
         for c in range(num_chains):
             pyro.set_rng_seed(seed + c)
             kernel = pyro.infer.NUTS(

@@ -58,7 +58,7 @@ class EnsemblePosterior(Posterior):
     (``best_epoch``) and the epochs trained (``epochs``); ``history`` the validation (or
     training) loss of every member after every epoch, ``(epochs, K)``."""
 
-    history: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    history: torch.Tensor = field(default_factory=lambda: torch.zeros(0, device="cpu"))
     family: str = "ensemble"
 
     @property
@@ -134,9 +134,9 @@ def train_members(
     validate = x_val is not None
     best = z_init.detach().clone()
     best_loss = torch.full((members,), math.inf, dtype=z.dtype, device=z.device)
-    best_epoch = torch.zeros(members, dtype=torch.long)
+    best_epoch = torch.zeros(members, dtype=torch.long, device=z.device)
     active = torch.ones(members, dtype=torch.bool, device=z.device)
-    epochs = torch.zeros(members, dtype=torch.long)
+    epochs = torch.zeros(members, dtype=torch.long, device=z.device)
     history = []
     start_epoch, done = 0, False
     saved = checkpoint.load() if checkpoint is not None else None
@@ -267,7 +267,7 @@ def deep_ensemble(
         n_val = max(1, round(validation * x.shape[0]))
         if n_val >= x.shape[0]:
             raise ValueError(f"validation={validation} leaves no training points")
-        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
+        perm = torch.randperm(x.shape[0], generator=torch.Generator(device="cpu").manual_seed(seed), device="cpu").to(x.device)  # one split per seed on every device
         x_val, y_val, x, y = x[perm[:n_val]], y[perm[:n_val]], x[perm[n_val:]], y[perm[n_val:]]
     if x_val is not None:
         x_val, y_val = validate_training_data(model, x_val, y_val)

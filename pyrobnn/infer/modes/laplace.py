@@ -232,7 +232,7 @@ def _map_values(model, map_estimate, x, y, seed, map_options):
             if tuple(map_estimate[s.name].shape) != tuple(s.shape):
                 raise ValueError(f"map_estimate[{s.name!r}] has shape {tuple(map_estimate[s.name].shape)}, the site {tuple(s.shape)}")
         values = {s.name: map_estimate[s.name].detach() for s in model.sites}
-        values.update({name: torch.as_tensor(map_estimate[name]).detach().reshape(()) for name in model.likelihood.latent_sites()})
+        values.update({name: torch.as_tensor(map_estimate[name], device=model.device).detach().reshape(()) for name in model.likelihood.latent_sites()})
         return values
     raise TypeError(f"map_estimate must be an EnsemblePosterior or a dict of site values, got {type(map_estimate).__name__}")
 

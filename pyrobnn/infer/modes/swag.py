@@ -238,7 +238,7 @@ def swag(
         seconds = time.perf_counter() - start
         samples = potential.unpack_draws(draws)
     label = "SWAG" if num_runs == 1 else f"MultiSWAG ({num_runs} runs)"
-    stats = {"lr": float(lr), "epoch_loss": torch.tensor(epoch_losses)}
+    stats = {"lr": float(lr), "epoch_loss": torch.tensor(epoch_losses, device="cpu")}
     settings = dict(settings_given, map_estimate=map_estimate)
     return SWAGPosterior(samples, stats, seconds, label, settings=settings, model=model, moments=moments)
 

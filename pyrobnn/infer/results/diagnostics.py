@@ -269,7 +269,7 @@ def degeneracy(model, samples, log_lik=None, x_train=None, y_train=None, referen
     out = {"degenerate": False}
     chains, draws = next(iter(samples.values())).shape[:2]
     if y_train is not None:
-        yt = torch.as_tensor(y_train).double().reshape(len(y_train), -1)
+        yt = torch.as_tensor(y_train, device=getattr(y_train, "device", "cpu")).double().reshape(len(y_train), -1)
         values = torch.unique(yt)
         gaps = values.diff()
         gap = float(gaps.min()) if gaps.numel() else 0.0

@@ -208,5 +208,5 @@ def evenly_spaced(available: int, wanted: int) -> torch.Tensor:
     """``wanted`` indices spread evenly over ``range(available)`` (all draws when ``wanted`` is
     at least ``available``): a subset of a posterior's flattened draws that covers every chain."""
     if wanted >= available:
-        return torch.arange(available)
-    return torch.linspace(0, available - 1, wanted, dtype=torch.float64).round().long()
+        return torch.arange(available, device="cpu")
+    return torch.linspace(0, available - 1, wanted, dtype=torch.float64, device="cpu").round().long()

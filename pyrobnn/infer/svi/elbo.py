@@ -179,8 +179,8 @@ class SplitELBO(pyro.infer.ELBO):
                 ll_i, kl_i = self._particle_terms(model, guide, args, kwargs)
                 log_lik, kl = log_lik + ll_i, kl + kl_i
         n = self.num_particles
-        log_lik = torch.as_tensor(log_lik) / n
-        kl = torch.as_tensor(kl) / n
+        log_lik = log_lik / n  # a tensor: every particle's log-likelihood is
+        kl = torch.as_tensor(kl, device=log_lik.device) / n  # 0.0 without latent sites
         loss = -(log_lik - self.kl_weight * kl)
         return ELBOTerms(loss, log_lik.detach(), kl.detach(), self.kl_weight, dict(self.kl_methods))
 

@@ -98,7 +98,7 @@ def ivon_update(state: IVONState, grad, hess, *, lr, beta1, beta2, delta, prior_
     state.m = state.m - alpha * direction
 
 
-def _prior_map(potential):
+def _prior_map(potential, device):
     """Per coordinate of the flat vector: the Gaussian prior's mean and scale on the weights,
     and a mask of the latent sites' coordinates (whose prior enters the loss instead); refuses
     what IVON cannot take."""
@@ -111,17 +111,17 @@ def _prior_map(potential):
                 "(use pyrobnn.NormalPrior, or a variational guide with pyrobnn.fit for this prior)"
             )
         n = site.shape.numel()
-        locs.append(torch.full((n,), base.loc_value))
-        scales.append(torch.full((n,), base.scale_value))
-    probe = torch.tensor([-2.0, 0.0, 1.5], dtype=torch.float64)
+        locs.append(torch.full((n,), base.loc_value, device=device))
+        scales.append(torch.full((n,), base.scale_value, device=device))
+    probe = torch.tensor([-2.0, 0.0, 1.5], dtype=torch.float64, device="cpu")  # a probe of the transform
     for (name, prior), transform in zip(potential.latents, potential.transforms):
         if not torch.allclose(transform(probe), probe.exp()):  # the guide's factor is log-normal
             raise ValueError(f"ivon fits a log-normal factor to a latent scale; site {name!r} has support {prior.support}")
     weights = sum(t.numel() for t in locs)
-    latent = torch.zeros(potential.dim, dtype=torch.bool)
+    latent = torch.zeros(potential.dim, dtype=torch.bool, device=device)
     latent[weights:] = True
     fill = potential.dim - weights  # latent coordinates: no weight decay, unit scale unused
-    return torch.cat(locs + [torch.zeros(fill)]), torch.cat(scales + [torch.ones(fill)]), latent
+    return torch.cat(locs + [torch.zeros(fill, device=device)]), torch.cat(scales + [torch.ones(fill, device=device)]), latent
 
 
 def _gaussian_log_prior(w, loc, scale):
@@ -179,7 +179,7 @@ def ivon(
         ess = float(n)
     with flat_problem(model, x, y, seed) as problem:
         y, potential, generator = problem.y, problem.potential, problem.generator
-        prior_loc, prior_scale, latent = (t.to(model.device) for t in _prior_map(potential))
+        prior_loc, prior_scale, latent = _prior_map(potential, model.device)
         prior_loc, prior_scale = prior_loc.to(model.dtype), prior_scale.to(model.dtype)
         weight = ~latent
         delta = torch.where(latent, 0.0, 1.0 / (ess * prior_scale.square()))

@@ -200,8 +200,8 @@ class TraceFreeELBO:
         for _ in range(self.num_particles):
             ll_i, kl_i = self._particle(x, y, dataset_size)
             log_lik, kl = log_lik + ll_i, kl + kl_i
-        log_lik = torch.as_tensor(log_lik) / self.num_particles
-        kl = torch.as_tensor(kl) / self.num_particles
+        log_lik = log_lik / self.num_particles  # a tensor: every particle's log-likelihood is
+        kl = torch.as_tensor(kl, device=log_lik.device) / self.num_particles  # 0.0 without latent sites
         loss = -(log_lik - self.kl_weight * kl)
         return ELBOTerms(loss, log_lik.detach(), kl.detach(), self.kl_weight, dict(self.kl_methods))
 

@@ -53,7 +53,7 @@ def _batches(loader_or_tensors, batch_size, generator):
     if isinstance(loader_or_tensors, tuple):
         x, y = loader_or_tensors
         n = x.shape[0]
-        perm = torch.randperm(n, generator=generator).to(x.device, non_blocking=True)
+        perm = torch.randperm(n, generator=generator, device="cpu").to(x.device, non_blocking=True)
         for i in range(0, n, batch_size):
             idx = perm[i : i + batch_size]
             yield x[idx], y[idx]
@@ -154,8 +154,9 @@ class SVITrainer:
         self.history = History()
         self.epoch = 0
         self.batch_size = None
-        self.generator = torch.Generator()
-        self.generator.manual_seed(int(torch.randint(0, 2**62, ()).item()))
+        # the data order is drawn on the host (once an epoch), so a seed gives one order on every device
+        self.generator = torch.Generator(device="cpu")
+        self.generator.manual_seed(int(torch.randint(0, 2**62, (), device="cpu").item()))
 
     @property
     def elbo(self):

@@ -66,7 +66,7 @@ class VariationalPosterior(Result):
         h = self.history
         if h is None or not len(h):
             return {}
-        return {"elbo_loss": torch.tensor(h.loss), "elbo_nll": torch.tensor(h.nll), "elbo_kl": torch.tensor(h.kl)}
+        return {"elbo_loss": torch.tensor(h.loss, device="cpu"), "elbo_nll": torch.tensor(h.nll, device="cpu"), "elbo_kl": torch.tensor(h.kl, device="cpu")}
 
     def predict(self, x, num_samples=None, *, seed=None, batch_size=None, sample_batch_size=None, method: str = "sample"):
         """The posterior predictive at ``x`` from ``num_samples`` weight draws of the guide
