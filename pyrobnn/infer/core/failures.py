@@ -42,11 +42,20 @@ class StepFailures:
     step overflowed; the trainer puts the parameters back, :meth:`OverflowGuard.undo_overflow`). ``failed``
     is a 0-d boolean tensor that a fused optimizer takes as ``found_inf`` (the update is skipped,
     and so is every later one until :meth:`raise_if_any`), so the parameters stay those from
-    before the first failed step."""
+    before the first failed step.
+
+    The record is written in place (its tensors keep their storage from step to step, and a
+    check clears them rather than making new ones), so that a step recorded once as a CUDA graph
+    (:class:`~pyrobnn.infer.svi.capture.CapturedStep`) goes on writing to the record that is
+    read; ``step`` and ``epoch`` may be device tensors for the same reason."""
 
     CAUSES = ("data", "loss", "gradient", "update")
     #: what was wrong with a batch, by the code :meth:`record` takes as ``data_cause``
-    DATA_CAUSES = {1: "x holds NaN or infinite values", 2: "y holds NaN or infinite values", 3: "targets"}
+    DATA_CAUSES = {
+        1: "x holds NaN or infinite values (or finite values so large that their sum overflows)",
+        2: "y holds NaN or infinite values (or finite values so large that their sum overflows)",
+        3: "targets",
+    }
 
     def __init__(self):
         self._f = None
@@ -79,12 +88,9 @@ class StepFailures:
         bad = bad_data | bad_loss | bad_grad | bad_update
         first = bad & ~f["failed"]
         cause = torch.where(bad_data, 0, torch.where(bad_loss, 1, torch.where(bad_grad, 2, 3)))
-        f["step"] = torch.where(first, step, f["step"])
-        f["epoch"] = torch.where(first, epoch, f["epoch"])
-        f["cause"] = torch.where(first, cause, f["cause"])
-        f["data_cause"] = torch.where(first, data_cause, f["data_cause"])
-        f["value"] = torch.where(first, value.to(f["value"].dtype), f["value"])
-        f["failed"] = f["failed"] | bad
+        for key, new in (("step", step), ("epoch", epoch), ("cause", cause), ("data_cause", data_cause), ("value", value.to(f["value"].dtype))):
+            f[key].copy_(torch.where(first, new, f[key]))
+        f["failed"].logical_or_(bad)
 
     def any(self) -> bool:
         """Whether a step failed since the last check (a host synchronization)."""
@@ -99,7 +105,9 @@ class StepFailures:
         targets the likelihood refuses) and saying whether ``params`` are finite; then forget it."""
         if not self.any():
             return
-        f, self._f = self._f, None
+        f = {k: v.clone() for k, v in self._f.items()}
+        for v in self._f.values():
+            v.zero_()
         step, epoch = int(f["step"]), int(f["epoch"])
         cause = self.CAUSES[int(f["cause"])]
         if cause == "data":
@@ -164,11 +172,13 @@ def guarded_optimizer_step(optimizer, failures: StepFailures, check_now) -> None
 
 
 def grads_not_finite(params):
-    """A 0-d device tensor: whether any gradient of ``params`` is NaN or infinite (no sync)."""
+    """A 0-d device tensor: whether any gradient of ``params`` is NaN or infinite (no sync), read
+    as :func:`not_finite` reads tensors (one sum each: half the time of their norms, which
+    also overflow from gradients of about 1e19 on)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
-    return ~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
+    return not_finite(grads)
 
 
 def not_finite(tensors):
@@ -179,32 +189,71 @@ def not_finite(tensors):
 
 
 class OverflowGuard:
-    """The parameters before each update, so that an update that makes one non-finite (it
+    r"""The parameters before each update, so that an update that makes one non-finite (it
     overflowed: a learning rate too large for the gradient) is undone: one copy of the
     parameters kept, one copy per step. On the CPU the check is read at once (reading it costs
     nothing there) and the copy put back only when needed; on an accelerator the parameters are
-    put back on the device, with no host synchronization."""
+    put back on the device, with no host synchronization.
+
+    Not needed, and skipped, for Adam and AdamW at a learning rate ``lr`` below
+    :data:`BOUNDED_FRACTION` of the parameters' largest float: for finite gradients (checked
+    before the update) their update is at most :math:`\text{lr} \cdot \max(1, (1-\beta_1) /
+    \sqrt{1-\beta_2})` per coordinate (Kingma & Ba 2015, sec. 2.1), so it can overflow only
+    parameters already within that distance of the largest float, and those overflow the
+    forward pass first."""
 
     #: devices whose check is read on the host at once (nothing to wait for there)
     HOST_READ_DEVICES = ("cpu",)
+    #: optimizers whose update is bounded by a multiple of the learning rate
+    BOUNDED = (torch.optim.Adam, torch.optim.AdamW)
+    BOUNDED_FRACTION = 2.0**-20
 
-    def __init__(self, params):
+    def __init__(self, params, optimizer=None):
         self.params = [p.detach() for p in params]
-        self.before = [torch.empty_like(p) for p in self.params]
+        self.optimizer = optimizer
+        #: the learning rates on the host where the optimizer holds them as device tensors (a
+        #: capturable Adam's), kept by whoever sets them; reading the tensors would synchronize
+        self.rates = None
+        self.before = None
+        self._saved = False
+
+    def needed(self) -> bool:
+        """Whether this step's update can overflow (read from the optimizer's settings alone)."""
+        opt = self.optimizer
+        if type(opt) not in self.BOUNDED:
+            return True
+        largest = min(torch.finfo(p.dtype).max for p in self.params) * self.BOUNDED_FRACTION
+        rates = self.rates if self.rates is not None else [g["lr"] for g in opt.param_groups]
+        for group, lr in zip(opt.param_groups, rates):
+            beta1, beta2 = group["betas"]
+            if isinstance(lr, torch.Tensor) or isinstance(beta1, torch.Tensor) or isinstance(beta2, torch.Tensor):
+                return True  # reading them would synchronize
+            if not lr * max(1.0, (1 - beta1) / (1 - beta2) ** 0.5) < largest:
+                return True
+        return False
 
     def save(self) -> None:
-        torch._foreach_copy_(self.before, self.params)
+        self._saved = self.needed()
+        if self._saved:
+            if self.before is None:
+                self.before = [torch.empty_like(p) for p in self.params]
+            torch._foreach_copy_(self.before, self.params)
 
     def undo_overflow(self):
         """Put back the parameters saved last where the update made any non-finite; returns
-        that 0-d flag, or ``None`` on the CPU when every parameter is finite (nothing to
-        record)."""
+        that 0-d flag, or ``None`` when nothing was saved (the update cannot overflow) or, on the
+        CPU, when every parameter is finite (nothing to record)."""
+        if not self._saved:
+            return None
         bad = not_finite(self.params)
         if bad.device.type in self.HOST_READ_DEVICES:
             if not bool(bad):
                 return None
             torch._foreach_copy_(self.params, self.before)
             return bad
+        for p, b in zip(self.params, self.before):
+            p.copy_(torch.where(bad, b, p))
+        return bad
         for p, b in zip(self.params, self.before):
             p.copy_(torch.where(bad, b, p))
         return bad
