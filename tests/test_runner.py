@@ -8,6 +8,7 @@ from typing import NamedTuple
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pyrobnn.infer.core import records
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
@@ -135,3 +136,42 @@ def test_eval_mode_gives_every_submodule_its_own_mode_back():
 def test_kernels_declare_their_evaluations():
     assert NUTS(6).evaluations_per_step == 2**6 - 1 and MCLMC().evaluations_per_step == 2
     assert math.isclose(MCLMCAdaptation((40, 5, 5)).num_steps, 50)
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the reads of a device value on the host (``.item()``, ``bool()``, ``int()`` of a
+    tensor: each is a synchronization on an accelerator), which on the CPU cost nothing and
+    are counted here instead."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_nuts_reads_the_host_at_most_twice_per_iteration_off_the_cpu_and_draws_the_same():
+    # 20 dimensions with scales from 0.1 to 3: trees of 3 to 6 doublings, which differ between
+    # chains and iterations. "few" is the accelerators' schedule (every leaf taken, finished
+    # chains masked; the trajectory's end read from the last transition's depth on); "per_leaf"
+    # the CPU's (a read per leaf and per doubling, 33 per iteration here)
+    scales = torch.logspace(-1, 0.5, 20, dtype=torch.float64)
+
+    def target(z):
+        return 0.5 * ((z / scales) ** 2).sum(-1), z / scales**2
+
+    runs, reads_of = {}, {}
+    for checks in ("per_leaf", "few"):
+        z0 = torch.randn(8, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        with HostReads() as reads:
+            runs[checks] = run_chains(NUTS(6, host_checks=checks), WindowAdaptation(50), FullBatch(target), z0, num_samples=50,
+                                      generator=torch.Generator().manual_seed(1))
+        reads_of[checks] = reads.count
+    assert torch.equal(runs["few"].draws, runs["per_leaf"].draws)
+    assert torch.equal(runs["few"].stats["num_steps"], runs["per_leaf"].stats["num_steps"])
+    # the initial step-size search reads 4 times; then at most 2 per iteration (1.7 measured)
+    assert reads_of["few"] - 4 <= 2 * 100
+    assert reads_of["per_leaf"] > 10 * 100  # the count sees them

@@ -32,7 +32,7 @@ from pyrobnn.infer.core.kernel import Adaptation, Kernel
 from pyrobnn.utils.runtime import compiled
 
 __all__ = [
-    "NUTSState", "NUTSSettings", "NUTSRandoms", "NUTSInfo", "Trajectory", "NUTS", "nuts_step", "native_nuts_step", "transition_uniforms",
+    "NUTSState", "NUTSSettings", "NUTSRandoms", "NUTSInfo", "Trajectory", "NUTS", "nuts_step", "nuts_transition", "native_nuts_step", "transition_uniforms",
     "find_step_size", "DualAveraging", "dual_averaging_init", "dual_averaging_update", "Welford", "welford_init", "welford_update",
     "welford_variance", "warmup_windows", "WindowAdaptationState", "WindowAdaptation",
 ]
@@ -219,7 +219,10 @@ def _double(potential, while_loop, trajectory: Trajectory, forward, log_u, log_u
     ``tables`` are the checkpoint slots each leaf checks and stores (:func:`_checkpoint_tables`);
     ``while_loop`` is ``torch.while_loop`` where this is compiled, :func:`_eager_while_loop` where
     not (its body takes and returns the carried tensors positionally: the leaf index and a
-    :class:`Subtree`'s fields)."""
+    :class:`Subtree`'s fields), or ``None``: every one of the ``n_leaves`` leaves (an ``int``)
+    is taken, chains whose subtree has finished masked in each, so that no leaf waits for the
+    host (a leaf after a chain's subtree turned changes nothing of that chain: the results are
+    those of the early-stopping loop)."""
     t = trajectory
     check_table, store_table = tables
     signed = dynamics._replace(step=torch.where(forward, 1.0, -1.0).to(dynamics.step.dtype).unsqueeze(-1) * dynamics.step)
@@ -244,8 +247,13 @@ def _double(potential, while_loop, trajectory: Trajectory, forward, log_u, log_u
         z, r, g, z.clone(), t.energy_proposal.clone(), g.clone(), torch.full_like(t.log_weight, -math.inf), torch.zeros_like(r),
         torch.zeros_like(t.done), t.r_checkpoints, t.r_sum_checkpoints, t.accept_sum, t.num_steps, t.diverging,
     )
-    _, *carried = while_loop(go_on, leaf, (torch.zeros((), dtype=torch.long, device=z.device), *start))
-    sub = Subtree(*carried)
+    carried = (torch.zeros((), dtype=torch.long, device=z.device), *start)
+    if while_loop is None:
+        for _ in range(n_leaves):
+            carried = leaf(*carried)
+    else:
+        carried = while_loop(go_on, leaf, carried)
+    sub = Subtree(*carried[1:])
 
     # merge the subtree where it is valid; otherwise the trajectory ends there
     ok = building & ~sub.bad
@@ -282,6 +290,17 @@ def nuts_step(potential, state: NUTSState, randoms: NUTSRandoms, settings: NUTSS
         the eager one.
     :returns: the new :class:`NUTSState` and the :class:`NUTSInfo`.
     """
+    new, info, _ = nuts_transition(potential, state, randoms, settings, max_tree_depth, double)
+    return new, info
+
+
+def nuts_transition(potential, state: NUTSState, randoms: NUTSRandoms, settings: NUTSSettings, max_tree_depth: int = 10, double=None,
+                    check_from: int = 1):
+    """:func:`nuts_step`, with the host's checks placed: whether every chain's trajectory has
+    finished is read (a host synchronization) after doubling ``check_from`` and after each one
+    past it, not before. A doubling after every chain finished changes nothing, so the draws do
+    not depend on ``check_from``; only the work and the synchronizations do. Returns the state,
+    the :class:`NUTSInfo` and the number of doublings taken."""
     z0, u0, g0 = state
     chains, dim = z0.shape
     dtype, device = z0.dtype, z0.device
@@ -302,17 +321,18 @@ def nuts_step(potential, state: NUTSState, randoms: NUTSRandoms, settings: NUTSS
         torch.zeros(chains, max_tree_depth, dim, dtype=dtype, device=device), torch.zeros(chains, max_tree_depth, dim, dtype=dtype, device=device),
     )
     leaves = 2 * max_tree_depth
+    doublings = max_tree_depth
     for j in range(max_tree_depth):
         forward = uniforms[:, j] < 0.5
         log_u[: 2**j] = uniforms[:, leaves + 2**j - 1 : leaves + 2 ** (j + 1) - 1].T.log()
         log_u_merge = uniforms[:, max_tree_depth + j].log()
-        n_leaves = torch.tensor(2**j, device=device)
-        trajectory = double(trajectory, forward, log_u, log_u_merge, n_leaves, tables, dynamics)
-        if trajectory.done.all():
+        trajectory = double(trajectory, forward, log_u, log_u_merge, 2**j, tables, dynamics)
+        if j + 1 >= check_from and j + 1 < max_tree_depth and bool(trajectory.done.all()):
+            doublings = j + 1
             break
     t = trajectory
     info = NUTSInfo(t.accept_sum / t.num_steps.clamp_min(1.0), t.depth, t.num_steps, t.diverging)
-    return NUTSState(t.z_proposal, t.energy_proposal, t.grad_proposal), info
+    return NUTSState(t.z_proposal, t.energy_proposal, t.grad_proposal), info, doublings
 
 
 def native_nuts_step(native, state: NUTSState, randoms: NUTSRandoms, settings: NUTSSettings, max_tree_depth: int = 10):
@@ -492,9 +512,16 @@ class NUTS(Kernel):
     name, unit = "NUTS", "iterations"
     State = NUTSState
 
-    def __init__(self, max_tree_depth: int = 10):
+    def __init__(self, max_tree_depth: int = 10, host_checks=None):
         self.max_tree_depth = max_tree_depth
         self.evaluations_per_step = 2**max_tree_depth - 1
+        #: where the eager path asks the host whether the chains are done: ``"per_leaf"`` (stop
+        #: every subtree as soon as all chains' subtrees end: the least work, a synchronization
+        #: per leaf), ``"few"`` (every leaf of a subtree taken, finished chains masked, and the
+        #: trajectory's end read from the doubling where the last transition's was found on: one
+        #: or two synchronizations per transition), ``None``: ``"per_leaf"`` on the CPU, where a
+        #: synchronization costs nothing, ``"few"`` on an accelerator. The draws are the same.
+        self.host_checks = host_checks
 
     def init(self, position, data, generator) -> NUTSState:
         energy, grad = data.next_target()(position)
@@ -521,10 +548,26 @@ class NUTS(Kernel):
             native = path.native
             return lambda state, target, randoms, settings: native_nuts_step(native, state, randoms, settings, depth)
         if path.compiled:
-            double = compiled(functools.partial(_double, target, torch.while_loop), dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
-        else:
-            double = functools.partial(_double, target, _eager_while_loop)
-        return lambda state, target, randoms, settings: nuts_step(target, state, randoms, settings, depth, double)
+            inner = compiled(functools.partial(_double, target, torch.while_loop), dynamic=False, fullgraph=True, options={"cpp_wrapper": True})
+
+            def double(t, forward, log_u, log_u_merge, n_leaves, tables, dynamics):
+                # the leaf count a tensor: one graph for every depth
+                count = torch.full((), n_leaves, dtype=torch.long, device=forward.device)
+                return inner(t, forward, log_u, log_u_merge, count, tables, dynamics)
+
+            return lambda state, target, randoms, settings: nuts_step(target, state, randoms, settings, depth, double)
+        per_leaf = functools.partial(_double, target, _eager_while_loop)
+        masked = functools.partial(_double, target, None)
+        last = [depth]  # the doublings the last transition took: where the next starts reading
+
+        def step(state, target, randoms, settings):
+            checks = self.host_checks or ("per_leaf" if state.z.device.type == "cpu" else "few")
+            if checks == "per_leaf":
+                return nuts_step(target, state, randoms, settings, depth, per_leaf)
+            new, info, last[0] = nuts_transition(target, state, randoms, settings, depth, masked, check_from=max(1, last[0] - 1))
+            return new, info
+
+        return step
 
     def record(self, state: NUTSState, info: NUTSInfo) -> dict:
         # the potential at each draw comes with the state: no pass over the data afterwards
@@ -532,4 +575,5 @@ class NUTS(Kernel):
                 "diverging": info.diverging, "energy": state.energy.clone()}
 
     def progress(self, state, info: NUTSInfo, settings: NUTSSettings):
-        return {"step": f"{settings.step_size.mean().item():.2g}", "depth": int(info.tree_depth.max())}
+        step, depth = torch.stack([settings.step_size.mean(), info.tree_depth.max().to(settings.step_size.dtype)]).tolist()  # one read
+        return {"step": f"{step:.2g}", "depth": int(depth)}
