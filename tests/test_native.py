@@ -292,3 +292,25 @@ def test_chain_groups_on_two_threads_give_the_one_thread_results():
     assert torch.equal(a.z, b.z) and torch.equal(sa.tree_depth, sb.tree_depth)
     one.close()
     two.close()
+
+
+def test_auto_never_takes_a_compiled_path_the_installed_torch_cannot_run(monkeypatch):
+    """torch 2.11 refuses NUTS's compiled doubling (a while loop over gradients); 2.14 compiles it.
+    The rule reads the installed version: below the floor auto runs eagerly, saying why, and
+    backend="compile" is refused before sampling; MCLMC (no while loop) is unaffected."""
+    from pyrobnn.infer.mcmc import backend
+
+    assert backend.torch_version("2.11.0+cu130") == (2, 11) and backend.torch_version("2.14.1") == (2, 14)
+    assert "torch 2.11.0 cannot compile NUTS's doubling" in backend.compile_refusal("NUTS", "2.11.0+cu130")
+    assert backend.compile_refusal("NUTS", "2.14.1") is None and backend.compile_refusal("MCLMC", "2.11.0") is None
+    x, y = torch.randn(20, 2), torch.randn(20, 1)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,), activation="elu"), pyrobnn.GaussianLikelihood(0.3))
+    potential = FlatPotential(model, x, y)
+    z = torch.zeros(2, potential.dim)
+    assert backend.choose_path(potential, z, "auto", "NUTS", 10**6).kind == "torch.compile"
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    path = backend.choose_path(potential, z, "auto", "NUTS", 10**6)
+    assert path.kind == "eager" and "would pay for torch.compile, but torch 2.11.0 cannot compile" in path.reason
+    assert backend.choose_path(potential, z, "auto", "MCLMC", 10**6).kind == "torch.compile"
+    with pytest.raises(ValueError, match="backend='compile' does not apply to this run: torch 2.11.0"):
+        backend.choose_path(potential, z, "compile", "NUTS", 10)

@@ -20,6 +20,11 @@ every machine that has a C++ compiler, and gives bit-identical draws each time:
    gradient evaluations per chain (for NUTS, the most its trees can take);
 3. else eager torch code (a run too short for a compilation to pay).
 
+Rule 2 also asks the installed torch: NUTS's compiled doubling is a ``torch.while_loop`` whose
+body takes the potential's gradient, which torch captures from :data:`COMPILED_NUTS_TORCH` on
+(torch 2.11 refuses it with ``UncapturedHigherOrderOpError``; 2.14, which CI runs, compiles it);
+below that ``auto`` takes eager code, saying why, and ``backend="compile"`` is refused before sampling.
+
 ``backend="native" | "compile" | "eager"`` names one; ``"native"`` is refused, with the reason,
 for a model the kernels do not take. Two backends agree to rounding on each evaluation (float64:
 to about 1e-13), not bit for bit, and a chain amplifies rounding over many steps. The choice and
@@ -29,10 +34,12 @@ shows them). A ``torch.compile`` that fails falls back to eager code with a warn
 
 from __future__ import annotations
 
+import torch
+
 from pyrobnn.infer.core.execution import ExecutionPath
 from pyrobnn.infer.mcmc import native as native_kernels
 
-__all__ = ["choose_path", "BACKENDS", "COMPILE_FROM_EVALUATIONS", "LARGE_MACS", "LOCKSTEP_CHAINS"]
+__all__ = ["choose_path", "BACKENDS", "COMPILE_FROM_EVALUATIONS", "LARGE_MACS", "LOCKSTEP_CHAINS", "COMPILED_NUTS_TORCH", "compile_refusal", "torch_version"]
 
 #: the values ``backend=`` takes (the module docstring says what each runs)
 BACKENDS = ("auto", "native", "compile", "eager")
@@ -46,6 +53,25 @@ COMPILE_FROM_EVALUATIONS = 20_000
 #: two threads against 96 s compiled on one; yacht (83k) is faster native (docs/logs/benchmarks.md).
 #: NUTS stays native: its chains build trees of different lengths, which lockstep would pay for.
 LARGE_MACS, LOCKSTEP_CHAINS = 150_000, 8
+
+
+#: the first torch (major, minor) known to compile NUTS's doubling (a while loop over gradients)
+COMPILED_NUTS_TORCH = (2, 14)
+
+
+def torch_version(version: str = None) -> tuple:
+    """``(major, minor)`` of the installed torch (or of ``version``, e.g. ``"2.11.0+cu130"``)."""
+    major, minor = (version or torch.__version__).split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def compile_refusal(sampler: str, version: str = None):
+    """Why ``sampler`` cannot be compiled with the installed torch (``None``: it can)."""
+    if sampler == "NUTS" and torch_version(version) < COMPILED_NUTS_TORCH:
+        need = ".".join(map(str, COMPILED_NUTS_TORCH))
+        return (f"torch {(version or torch.__version__).split('+')[0]} cannot compile NUTS's doubling (a while loop over gradients; "
+                f"torch >= {need} can)")
+    return None
 
 
 def _native(potential, why) -> ExecutionPath:
@@ -68,7 +94,10 @@ def choose_path(potential, z0, backend: str, sampler: str, evaluations: int, bou
     check it at the call)."""
     if backend == "eager":
         return ExecutionPath("eager", "backend='eager'")
+    refusal = compile_refusal(sampler)
     if backend == "compile":
+        if refusal is not None:
+            raise ValueError(f"backend='compile' does not apply to this run: {refusal}; use backend='eager' or 'auto'")
         return ExecutionPath("torch.compile", "backend='compile'")
     reason = native_kernels.unsupported_reason(potential.model, potential.x)
     if reason is None and native_kernels.build_info()["compiler"] is None:
@@ -91,6 +120,8 @@ def choose_path(potential, z0, backend: str, sampler: str, evaluations: int, bou
         except native_kernels.NativeUnavailable as e:
             reason = str(e)
     if evaluations >= COMPILE_FROM_EVALUATIONS:
+        if refusal is not None:
+            return ExecutionPath("eager", f"the native kernels do not apply ({reason}); {many} would pay for torch.compile, but {refusal}")
         return ExecutionPath("torch.compile", f"the native kernels do not apply ({reason}); {many} (>= {COMPILE_FROM_EVALUATIONS:,}): torch.compile")
     return ExecutionPath(
         "eager", f"the native kernels do not apply ({reason}); {many} (< {COMPILE_FROM_EVALUATIONS:,}): too few for compiling to pay"
