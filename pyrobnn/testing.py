@@ -568,14 +568,15 @@ def conformance_matrix(method_keys=None, case_names=None, device=None) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m pyrobnn.testing [--out FILE] [--device DEVICE] [--methods KEY ...]``: the
-    conformance matrix as JSON; exits 1 where a check fails."""
+    """``python -m pyrobnn.testing [--out FILE] [--device DEVICE] [--methods KEY ...] [--cases NAME ...]``:
+    the conformance matrix as JSON; exits 1 where a check fails."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m pyrobnn.testing", description=main.__doc__)
     parser.add_argument("--out", help="write the matrix here (JSON) instead of printing it")
     parser.add_argument("--device", help="run every case on this device (e.g. cuda); default: where the cases are built, the CPU")
     parser.add_argument("--methods", nargs="+", metavar="KEY", help=f"only these methods (of {', '.join(methods.METHODS)})")
+    parser.add_argument("--cases", nargs="+", metavar="NAME", help=f"only these cases (of {', '.join(CASES)})")
     args = parser.parse_args(argv)
     if args.device is not None:
         try:
@@ -585,8 +586,11 @@ def main(argv=None) -> int:
     unknown = sorted(set(args.methods or ()) - set(methods.METHODS))
     if unknown:
         parser.error(f"--methods: no method {unknown}; the registry has {sorted(methods.METHODS)}")
+    unknown = sorted(set(args.cases or ()) - set(CASES))
+    if unknown:
+        parser.error(f"--cases: no case {unknown}; the cases are {sorted(CASES)}")
     torch.set_num_threads(1)
-    matrix = conformance_matrix(args.methods, device=args.device)
+    matrix = conformance_matrix(args.methods, args.cases, device=args.device)
     text = json.dumps({"cases": {k: c.description for k, c in CASES.items()}, "matrix": matrix}, indent=1) + "\n"
     if args.out:
         from pyrobnn.utils.io import atomic_write_text

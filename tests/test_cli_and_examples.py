@@ -160,3 +160,19 @@ def test_bayesopt_benchmark_quick(tmp_path):
         assert summary["warm_refit_speedup"][method] > 1.5, (method, summary["warm_refit_speedup"][method])
     entries = json.load(open(tmp_path / "r.json"))
     assert {e["name"] for e in entries} == {"Bayesian optimization, branin", "Bayesian optimization, hartmann6"}
+
+
+def test_gpu_benchmark_runs_on_the_cpu(tmp_path):
+    """benchmarks/gpu.py in its smoke setting on the CPU (GPU machines are lent by chance, so the
+    script must not rot between them): every timing is a positive figure, the recorded SVI step
+    says why it is not recorded here, and the last line is the JSON report."""
+    stdout = run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu.py"), "--smoke", "--device", "cpu", "--no-reference"], tmp_path)
+    report = json.loads(stdout.strip().splitlines()[-1])
+    svi = report["svi"]
+    for name in ("plain", "handwritten_bbb", "pyrobnn_meanfield", "pyrobnn_meanfield_eager", "pyrobnn_lrt", "pyrobnn_flipout"):
+        assert 0 < svi["ms_per_step"][name] < float("inf"), name
+    assert svi["capture"]["pyrobnn_meanfield"].startswith("not recorded: CUDA graphs need a CUDA device")
+    nuts = report["samplers"]["nuts"]
+    assert nuts["pyrobnn"]["min_ess"] > 0 and nuts["chains_scaling"]["time_ratio"] > 0
+    assert report["samplers"]["mclmc"]["pyrobnn"]["steps_per_s"] > 0
+    assert report["versions"]["torch"] == __import__("torch").__version__
