@@ -25,6 +25,10 @@ machines of the same card).
 - **MCLMC**, 128 chains of a 2 x 50 tanh MLP on 2,000 points: ``pyrobnn.mclmc`` against
   BlackJAX's ``mclmc`` (vmapped chains, the same number of steps at our tuned step size and L),
   steps per second.
+- **Host reads of NUTS**: the eager transition's reads of device values on the host (each a
+  synchronization on a GPU) and torch operations, per iteration and per leapfrog step, with the
+  accelerators' schedule (``host_checks="few"``) and the CPU's (``"per_leaf"``), 8 chains of the
+  1-50-1 network, counted by a dispatch mode (the same on any device).
 
 NumPyro and BlackJAX run in child processes (JAX's thread pool slows PyTorch in its process).
 The last line printed is one JSON object: the figures, ratios, peak device memory, the device's
@@ -443,6 +447,43 @@ def sampler_section(device, quick, smoke, with_reference):
     return out
 
 
+def nuts_host_reads(device, iterations=40):
+    """Host reads and torch operations per eager NUTS iteration and per leapfrog step, for both
+    schedules of :class:`~pyrobnn.infer.mcmc.nuts_kernel.NUTS`, and whether they drew the same."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pyrobnn.infer.core.kernel import FullBatch
+    from pyrobnn.infer.core.potential import FlatPotential
+    from pyrobnn.infer.core.runner import run_chains
+    from pyrobnn.infer.mcmc.nuts_kernel import NUTS, WindowAdaptation
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.reads = self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            self.reads += func is torch.ops.aten._local_scalar_dense.default
+            return func(*args, **(kwargs or {}))
+
+    x, y = regression(200)
+    model = mlp((50,), device).eval()
+    potential = FlatPotential(model, x.to(device), y.to(device))
+    out, draws = {}, {}
+    for checks in ("few", "per_leaf"):
+        z0 = 0.1 * torch.randn(8, potential.dim, generator=torch.Generator(device="cpu").manual_seed(0), device="cpu").to(device)
+        with torch.no_grad(), Count() as count:
+            run = run_chains(NUTS(6, host_checks=checks), WindowAdaptation(iterations // 2), FullBatch(potential.value_and_grad), z0,
+                             num_samples=iterations // 2, generator=torch.Generator(device=device).manual_seed(1))
+        leaves = float(run.stats["num_steps"].double().sum()) / 8
+        out[checks] = {"reads_per_iteration": count.reads / iterations, "ops_per_iteration": count.ops / iterations,
+                       "ops_per_leapfrog_step": count.ops / max(leaves, 1.0), "leapfrog_steps_per_iteration": leaves / iterations}
+        draws[checks] = run.draws
+    out["same_draws"] = bool(torch.equal(draws["few"], draws["per_leaf"]))
+    return out
+
+
 def versions():
     found = {"torch": torch.__version__, "python": sys.version.split()[0]}
     for name in ("pyro", "jax", "numpyro", "blackjax", "bayesian_torch", "arviz"):
@@ -474,6 +515,7 @@ def main(argv=None):
         print("svi:", json.dumps(report["svi"], indent=1, default=str), flush=True)
     if "samplers" not in args.skip:
         report["samplers"] = sampler_section(device, args.quick, args.smoke, not args.no_reference)
+        report["samplers"]["nuts_host_reads"] = nuts_host_reads(device, 10 if args.smoke else 40)
         print("samplers:", json.dumps(report["samplers"], indent=1, default=str), flush=True)
     report["seconds"] = time.perf_counter() - start
     print(json.dumps(report, default=str))
