@@ -581,8 +581,8 @@ def main(argv=None) -> int:
     if args.device is not None:
         try:
             torch.empty(0, device=args.device)
-        except (RuntimeError, ValueError) as e:
-            parser.error(f"--device {args.device}: {e}")
+        except Exception as e:  # no such device type, no driver, a build without it
+            parser.error(f"--device {args.device}: {type(e).__name__}: {e}")
     unknown = sorted(set(args.methods or ()) - set(methods.METHODS))
     if unknown:
         parser.error(f"--methods: no method {unknown}; the registry has {sorted(methods.METHODS)}")

@@ -14,12 +14,14 @@ import pytest
 import torch
 
 import pyrobnn
+from pyrobnn.infer.core import graphs
 from pyrobnn.infer.core.failures import InvalidBatchError
-from pyrobnn.infer.svi import capture, trainer as trainer_module
+from pyrobnn.infer.svi import capture
+from pyrobnn.infer.svi import trainer as trainer_module
 
 
 class Rerun:
-    """A stand-in for :class:`capture.CUDAGraph`: records the body, replays it by calling it."""
+    """A stand-in for :class:`graphs.CUDAGraph`: records the body, replays it by calling it."""
 
     def __init__(self, device=None):
         self.body = None
@@ -87,7 +89,7 @@ def test_a_recorded_step_trains_as_the_eager_one(recorded_on_cpu):
         runs[capture_it] = (parameters(guide), vi.history)
     graph = recorded_on_cpu[0]
     # 4 epochs x 2 full batches = 8 steps of the recorded shape: 3 warm-up steps, then replays
-    assert graph.replays == 8 - capture.WARMUP_STEPS
+    assert graph.replays == 8 - graphs.WARMUP_CALLS
     # the same arithmetic in the same order; the rate is a float32 tensor in the recorded step
     # and a Python float in the eager one, which differ by at most 3e-8 relatively: Adam's steps
     # then differ by that relative amount: 3e-8 at most here (measured), after 16 steps of 1e-2
@@ -98,7 +100,7 @@ def test_a_recorded_step_trains_as_the_eager_one(recorded_on_cpu):
 def test_a_bad_batch_in_a_recorded_step_is_refused_and_the_parameters_kept(recorded_on_cpu):
     model, guide, x, y = problem()
     trainer = pyrobnn.SVITrainer(model, guide, lr=1e-2)
-    for _ in range(capture.WARMUP_STEPS + 2):  # warm-up, recording and one replay
+    for _ in range(graphs.WARMUP_CALLS + 2):  # warm-up, recording and one replay
         trainer.step(x[:32], y[:32], dataset_size=70)
     assert recorded_on_cpu[0].replays == 2
     before = parameters(guide).clone()
@@ -145,3 +147,16 @@ def test_on_cuda_the_recorded_step_trains_as_the_eager_one():
     # the graph draws its weight noise from the generator's graph-safe offsets, the stream the
     # eager steps draw; the rest is the same arithmetic (the tolerance as on the CPU)
     assert torch.allclose(runs[True], runs[False], rtol=0, atol=1e-5)
+
+
+def test_a_step_that_cannot_be_recorded_runs_eagerly_and_says_why(recorded_on_cpu, monkeypatch):
+    def refuse(self, body):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(Rerun, "record", refuse)
+    model, guide, x, y = problem()
+    trainer = pyrobnn.SVITrainer(model, guide, lr=1e-2)
+    for _ in range(graphs.WARMUP_CALLS + 3):
+        trainer.step(x[:32], y[:32], dataset_size=70)
+    assert trainer.capture_status == "not recorded: recording it failed (RuntimeError: operation not permitted when stream is capturing)"
+    assert trainer.history.steps == graphs.WARMUP_CALLS + 3 and bool(torch.isfinite(parameters(guide)).all())

@@ -5,6 +5,8 @@ one skipped; and at the next check (the end of the epoch) the error naming the s
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = [
@@ -196,7 +198,7 @@ class OverflowGuard:
     put back on the device, with no host synchronization.
 
     Not needed, and skipped, for Adam and AdamW at a learning rate ``lr`` below
-    :data:`BOUNDED_FRACTION` of the parameters' largest float: for finite gradients (checked
+    :attr:`BOUNDED_FRACTION` of the parameters' largest float: for finite gradients (checked
     before the update) their update is at most :math:`\text{lr} \cdot \max(1, (1-\beta_1) /
     \sqrt{1-\beta_2})` per coordinate (Kingma & Ba 2015, sec. 2.1), so it can overflow only
     parameters already within that distance of the largest float, and those overflow the
@@ -206,6 +208,8 @@ class OverflowGuard:
     HOST_READ_DEVICES = ("cpu",)
     #: optimizers whose update is bounded by a multiple of the learning rate
     BOUNDED = (torch.optim.Adam, torch.optim.AdamW)
+    #: the fraction of the largest float under which such an update cannot overflow a parameter
+    #: that the forward pass does not overflow first
     BOUNDED_FRACTION = 2.0**-20
 
     def __init__(self, params, optimizer=None):
@@ -216,13 +220,14 @@ class OverflowGuard:
         self.rates = None
         self.before = None
         self._saved = False
+        self._largest = min((torch.finfo(p.dtype).max for p in self.params if p.is_floating_point()), default=math.inf) * self.BOUNDED_FRACTION
 
     def needed(self) -> bool:
         """Whether this step's update can overflow (read from the optimizer's settings alone)."""
         opt = self.optimizer
         if type(opt) not in self.BOUNDED:
             return True
-        largest = min(torch.finfo(p.dtype).max for p in self.params) * self.BOUNDED_FRACTION
+        largest = self._largest
         rates = self.rates if self.rates is not None else [g["lr"] for g in opt.param_groups]
         for group, lr in zip(opt.param_groups, rates):
             beta1, beta2 = group["betas"]
@@ -251,9 +256,6 @@ class OverflowGuard:
                 return None
             torch._foreach_copy_(self.params, self.before)
             return bad
-        for p, b in zip(self.params, self.before):
-            p.copy_(torch.where(bad, b, p))
-        return bad
         for p, b in zip(self.params, self.before):
             p.copy_(torch.where(bad, b, p))
         return bad

@@ -67,6 +67,7 @@ from typing import NamedTuple
 
 import torch
 
+from pyrobnn.infer.core.graphs import RecordedFunction
 from pyrobnn.infer.core.integrators import MCLACHLAN_B1, esh_velocity_update, partial_refresh, unit_vector
 from pyrobnn.infer.core.kernel import Adaptation, Kernel
 from pyrobnn.infer.mcmc.autocorrelation import MIN_ESS_DRAWS, effective_sample_size
@@ -171,6 +172,12 @@ class MCLMC(Kernel):
     tallies = ("nonfinite",)
     evaluations_per_step = 2
 
+    def __init__(self, graphs=None):
+        #: whether the torch step (eager or compiled) is recorded once as a CUDA graph and
+        #: replayed (:class:`~pyrobnn.infer.core.graphs.RecordedFunction`: one launch a step
+        #: instead of the hundreds of kernels of an eager step); ``None``: on a CUDA device
+        self.graphs = graphs
+
     def init(self, position, data, generator) -> MCLMCState:
         return mclmc_init(data.next_target(), position, generator)
 
@@ -183,14 +190,22 @@ class MCLMC(Kernel):
 
     def stepper(self, path, target):
         """Native: :func:`native_mclmc_step`; compiled: :func:`mclmc_step` with the potential,
-        compiled whole by ``torch.compile``; eager: :func:`mclmc_step`."""
+        compiled whole by ``torch.compile``; eager: :func:`mclmc_step`. On a CUDA device (see
+        ``graphs``) the torch step is recorded as a CUDA graph after three eager steps; where the
+        recording fails it runs as it is."""
         if path.kind == "native":
             native = path.native
             return lambda state, target, noise, tuning: native_mclmc_step(native, state, noise, tuning)
         fn = functools.partial(mclmc_step, target)
         if path.compiled:
             fn = compiled(fn, dynamic=False)
-        return lambda state, target, noise, tuning: _kernel_step(fn, state, noise, tuning)
+        recorded = RecordedFunction(fn)
+
+        def step(state, target, noise, tuning):
+            graphs = self.graphs if self.graphs is not None else state.z.device.type == "cuda"
+            return _kernel_step(recorded if graphs else fn, state, noise, tuning)
+
+        return step
 
     def record(self, state: MCLMCState, info: MCLMCInfo) -> dict:
         return {"z": state.z, "energy": state.energy, "energy_change": info.energy_change}

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import torch
 
+from pyrobnn.infer.core.graphs import RecordedFunction
 from pyrobnn.infer.core.integrators import MAX_DELTA_ENERGY, kinetic_energy, leapfrog
 from pyrobnn.infer.core.kernel import Adaptation, Kernel
 from pyrobnn.utils.runtime import compiled
@@ -207,7 +208,24 @@ def _eager_while_loop(cond, body, carried):
     return carried
 
 
-def _double(potential, while_loop, trajectory: Trajectory, forward, log_u, log_u_merge, n_leaves, tables, dynamics: _Leapfrog) -> Trajectory:
+def _leaf_step(potential, i, building, step, inv_mass, h0, log_u, check_table, store_table, *fields):
+    """Leaf ``i`` of a subtree as a pure function of tensors (a leapfrog step for every chain
+    still ``building`` and not finished, and the even leaves' checkpoints): returns ``i + 1`` and
+    the :class:`Subtree`'s fields, so that it can be recorded once and replayed
+    (:class:`~pyrobnn.infer.core.graphs.RecordedFunction`)."""
+    sub = Subtree(*fields)
+    row = i.reshape(1)
+    sub = _leaf(potential, sub, building & ~sub.bad, _Leapfrog(step, inv_mass, h0), log_u.index_select(0, row)[0], check_table.index_select(0, row)[0])
+    store = store_table.index_select(0, row).reshape(1, -1, 1)  # an even leaf's checkpoint
+    sub = sub._replace(
+        r_checkpoints=torch.where(store, sub.r.unsqueeze(1), sub.r_checkpoints),
+        r_sum_checkpoints=torch.where(store, sub.r_sum.unsqueeze(1), sub.r_sum_checkpoints),
+    )
+    return (i + 1, *sub)
+
+
+def _double(potential, while_loop, trajectory: Trajectory, forward, log_u, log_u_merge, n_leaves, tables, dynamics: _Leapfrog,
+            leaf_step=None) -> Trajectory:
     """Double every unfinished chain's trajectory once: build a subtree of ``n_leaves`` leaves
     in the direction ``forward`` (per chain), leaf by leaf inside one ``torch.while_loop`` that
     stops early once every chain's subtree has turned or diverged, then merge it (biased
@@ -222,7 +240,8 @@ def _double(potential, while_loop, trajectory: Trajectory, forward, log_u, log_u
     :class:`Subtree`'s fields), or ``None``: every one of the ``n_leaves`` leaves (an ``int``)
     is taken, chains whose subtree has finished masked in each, so that no leaf waits for the
     host (a leaf after a chain's subtree turned changes nothing of that chain: the results are
-    those of the early-stopping loop)."""
+    those of the early-stopping loop); each leaf is then ``leaf_step`` (default
+    :func:`_leaf_step` bound to ``potential``; a recorded one on CUDA)."""
     t = trajectory
     check_table, store_table = tables
     signed = dynamics._replace(step=torch.where(forward, 1.0, -1.0).to(dynamics.step.dtype).unsqueeze(-1) * dynamics.step)
@@ -232,15 +251,7 @@ def _double(potential, while_loop, trajectory: Trajectory, forward, log_u, log_u
         return (i < n_leaves) & (building & ~Subtree(*carried).bad).any()
 
     def leaf(i, *carried):
-        sub = Subtree(*carried)
-        row = i.reshape(1)
-        sub = _leaf(potential, sub, building & ~sub.bad, signed, log_u.index_select(0, row)[0], check_table.index_select(0, row)[0])
-        store = store_table.index_select(0, row).reshape(1, -1, 1)  # an even leaf's checkpoint
-        sub = sub._replace(
-            r_checkpoints=torch.where(store, sub.r.unsqueeze(1), sub.r_checkpoints),
-            r_sum_checkpoints=torch.where(store, sub.r_sum.unsqueeze(1), sub.r_sum_checkpoints),
-        )
-        return (i + 1, *sub)
+        return _leaf_step(potential, i, building, *signed, log_u, check_table, store_table, *carried)
 
     z, r, g = _where(forward, t.z_right, t.z_left), _where(forward, t.r_right, t.r_left), _where(forward, t.grad_right, t.grad_left)
     start = Subtree(
@@ -249,8 +260,9 @@ def _double(potential, while_loop, trajectory: Trajectory, forward, log_u, log_u
     )
     carried = (torch.zeros((), dtype=torch.long, device=z.device), *start)
     if while_loop is None:
+        step = leaf_step if leaf_step is not None else functools.partial(_leaf_step, potential)
         for _ in range(n_leaves):
-            carried = leaf(*carried)
+            carried = step(carried[0], building, *signed, log_u, check_table, store_table, *carried[1:])
     else:
         carried = while_loop(go_on, leaf, carried)
     sub = Subtree(*carried[1:])
@@ -512,7 +524,7 @@ class NUTS(Kernel):
     name, unit = "NUTS", "iterations"
     State = NUTSState
 
-    def __init__(self, max_tree_depth: int = 10, host_checks=None):
+    def __init__(self, max_tree_depth: int = 10, host_checks=None, graphs=None):
         self.max_tree_depth = max_tree_depth
         self.evaluations_per_step = 2**max_tree_depth - 1
         #: where the eager path asks the host whether the chains are done: ``"per_leaf"`` (stop
@@ -522,6 +534,9 @@ class NUTS(Kernel):
         #: or two synchronizations per transition), ``None``: ``"per_leaf"`` on the CPU, where a
         #: synchronization costs nothing, ``"few"`` on an accelerator. The draws are the same.
         self.host_checks = host_checks
+        #: whether, with ``"few"``, each leaf is recorded once as a CUDA graph and replayed
+        #: (:class:`~pyrobnn.infer.core.graphs.RecordedFunction`); ``None``: on a CUDA device
+        self.graphs = graphs
 
     def init(self, position, data, generator) -> NUTSState:
         energy, grad = data.next_target()(position)
@@ -558,13 +573,16 @@ class NUTS(Kernel):
             return lambda state, target, randoms, settings: nuts_step(target, state, randoms, settings, depth, double)
         per_leaf = functools.partial(_double, target, _eager_while_loop)
         masked = functools.partial(_double, target, None)
-        last = [depth]  # the doublings the last transition took: where the next starts reading
+        recorded = functools.partial(_double, target, None, leaf_step=RecordedFunction(functools.partial(_leaf_step, target)))
+        last = [1]  # the doublings the last transition took (the first reads after each): where the next starts reading
 
         def step(state, target, randoms, settings):
             checks = self.host_checks or ("per_leaf" if state.z.device.type == "cpu" else "few")
             if checks == "per_leaf":
                 return nuts_step(target, state, randoms, settings, depth, per_leaf)
-            new, info, last[0] = nuts_transition(target, state, randoms, settings, depth, masked, check_from=max(1, last[0] - 1))
+            graphs = self.graphs if self.graphs is not None else state.z.device.type == "cuda"
+            double = recorded if graphs else masked
+            new, info, last[0] = nuts_transition(target, state, randoms, settings, depth, double, check_from=max(1, last[0] - 1))
             return new, info
 
         return step

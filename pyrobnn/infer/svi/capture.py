@@ -5,9 +5,11 @@ Bayes by Backprop is about 360 kernels, and the host time of launching them (abo
 of the step. Recorded once as a CUDA graph, the whole step (weight noise, forward pass, ELBO,
 backward pass, the finiteness flags, the fused Adam update) is replayed by one launch.
 
-This follows PyTorch's whole-network capture (``torch.cuda.graphs``): the first
-:data:`WARMUP_STEPS` steps run eagerly on a side stream (they are ordinary training steps: they
-create the optimizer's state and the gradients' storage), then the step is recorded with the
+This follows PyTorch's whole-network capture (``torch.cuda.graphs``, with the recorder of
+:mod:`pyrobnn.infer.core.graphs`): the first
+:data:`~pyrobnn.infer.core.graphs.WARMUP_CALLS` steps run eagerly on a side stream (they are
+ordinary training steps: they create the optimizer's state and the gradients' storage), then
+the step is recorded with the
 batch, the KL weight, the step and epoch numbers and the failure flags in fixed buffers, and
 from then on every step copies its batch into the buffers and replays the graph. A recorded
 graph holds no Python value that changes from step to step: the learning rate is a tensor of
@@ -22,38 +24,11 @@ reads the parameters back.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-__all__ = ["CapturedStep", "CUDAGraph", "capture_refusal", "WARMUP_STEPS"]
+from pyrobnn.infer.core.graphs import WARMUP_CALLS, CUDAGraph, RecordingFailed
 
-#: eager steps on a side stream before the step is recorded (PyTorch's recipe uses three)
-WARMUP_STEPS = 3
-
-
-class CUDAGraph:
-    """What the recording needs of CUDA: a side stream for the warm-up, and a graph that
-    records a function once and replays it."""
-
-    def __init__(self, device):
-        self.device = torch.device(device)
-        self.stream = torch.cuda.Stream(device=self.device)
-        self.graph = torch.cuda.CUDAGraph()
-
-    @contextlib.contextmanager
-    def warm_up(self):
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream):
-            yield
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
-
-    def record(self, body) -> None:
-        with torch.cuda.graph(self.graph):
-            body()
-
-    def replay(self) -> None:
-        self.graph.replay()
+__all__ = ["CapturedStep", "capture_refusal"]
 
 
 def capture_refusal(trainer, device) -> str | None:
@@ -72,11 +47,14 @@ def capture_refusal(trainer, device) -> str | None:
 
 
 class CapturedStep:
-    """The device work of an :class:`~pyrobnn.infer.svi.trainer.SVITrainer` step
-    (:meth:`~pyrobnn.infer.svi.trainer.SVITrainer._update`) on batches of one shape, run eagerly
-    for :data:`WARMUP_STEPS` steps, then recorded and replayed.
+    """The device work of an :class:`~pyrobnn.infer.svi.trainer.SVITrainer` step (its
+    ``_update``: loss, backward pass, checks and guarded update) on batches of one shape, run eagerly
+    for :data:`~pyrobnn.infer.core.graphs.WARMUP_CALLS` steps, then recorded and replayed. Unlike a
+    :class:`~pyrobnn.infer.core.graphs.RecordedFunction` it changes state in place (the parameters,
+    the optimizer's moments, the gradients, the failure record), which the graph keeps addressing.
 
-    ``graph`` records and replays (:class:`CUDAGraph`, the default on the trainer's device).
+    ``graph`` records and replays (:class:`~pyrobnn.infer.core.graphs.CUDAGraph`, the default on
+    the trainer's device).
     """
 
     def __init__(self, trainer, x, y, dataset_size, graph=None):
@@ -118,13 +96,18 @@ class CapturedStep:
             self.data_cause.zero_()
         else:
             self.data_cause.copy_(data_cause)
-        if not self.recorded and self.warm_steps < WARMUP_STEPS:
+        if not self.recorded and self.warm_steps < WARMUP_CALLS:
             with self.graph.warm_up():
                 self._body()
             self.warm_steps += 1
         else:
             if not self.recorded:
-                self.graph.record(self._body)  # recorded, not run: the replay runs it
+                try:
+                    self.graph.record(self._body)  # recorded, not run: the replay runs it
+                except RecordingFailed:
+                    raise
+                except Exception as e:  # a recorder that does not say so itself
+                    raise RecordingFailed(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}") from e
                 self.recorded = True
             self.graph.replay()
         return tuple(self.out.clone().unbind())

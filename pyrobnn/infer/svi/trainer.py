@@ -16,6 +16,7 @@ import torch
 from pyrobnn.guides import ConcreteDropout, GaussianDropout, MCDropout, MeanFieldNormal, SparseVariationalDropout, VariationalDropout
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
 from pyrobnn.infer.core.failures import NonFiniteLossError, OverflowGuard, StepFailures, grads_not_finite, guarded_optimizer_step
+from pyrobnn.infer.core.graphs import RecordingFailed
 from pyrobnn.infer.svi.capture import CapturedStep, capture_refusal
 from pyrobnn.infer.svi.history import History
 from pyrobnn.infer.svi.objective import SVIObjective, trainable_parameters
@@ -252,8 +253,12 @@ class SVITrainer:
             if self._captured is None:
                 self._captured = CapturedStep(self, x, y, dataset_size)
             if self._captured.fits(x, y, dataset_size):
-                loss, nll, kl = self._captured(x, y, beta, step, epoch, data_cause)
-                return loss, nll, kl, beta
+                try:
+                    loss, nll, kl = self._captured(x, y, beta, step, epoch, data_cause)
+                    return loss, nll, kl, beta
+                except RecordingFailed as e:
+                    self._capture_refusal, self._captured = f"recording it failed ({e})", None
+                    self.capture_status = f"not recorded: {self._capture_refusal}"
         self.optimizer.zero_grad(set_to_none=True)
         loss, nll, kl = self._update(x, y, dataset_size, beta, step, epoch, data_cause)
         return loss, nll, kl, beta
