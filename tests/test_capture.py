@@ -70,6 +70,7 @@ def test_on_the_cpu_the_step_is_not_recorded_and_says_why():
     model, guide, x, y = problem()
     vi = pyrobnn.fit(model, guide, x, y, epochs=1, batch_size=32, progress=False)
     assert vi.settings["capture"] == "not recorded: CUDA graphs need a CUDA device; the model is on cpu"
+    assert "\n  the step: not recorded: CUDA graphs need a CUDA device; the model is on cpu\n" in vi.summary()
     # what would refuse it on a CUDA device
     cuda = torch.device("cuda")
     assert capture.capture_refusal(pyrobnn.SVITrainer(model, guide), cuda) is None

@@ -145,9 +145,13 @@ class VariationalPosterior(Result):
             f"{sites} latent site(s), {params} variational parameters (draws from a trained guide)"
         ]
         made = f"trained in {self.seconds:.1f} s"
-        if self.settings:
-            made += "; settings: " + describe_settings(self.settings)
+        settings = dict(self.settings or {})
+        capture = settings.pop("capture", None)
+        if settings:
+            made += "; settings: " + describe_settings(settings)
         lines.append(made)
+        if capture is not None:
+            lines.append(f"  the step: {capture}")
         h = self.history
         if h is not None and len(h):
             lines.append(
