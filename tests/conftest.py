@@ -31,3 +31,42 @@ def shared_data_dir():
 def normal_se(samples: torch.Tensor) -> torch.Tensor:
     """Standard error of the mean along dim 0."""
     return samples.std(0) / samples.shape[0] ** 0.5
+
+
+class ReplayingGraph:
+    """A stand-in for a CUDA graph (``pyrobnn.infer.core.graphs.CUDAGraph``) on the CPU: it records
+    the function it is given and replays it by calling it, so that the fixed buffers, copies,
+    warm-up calls and fallbacks around a recording run as they do on CUDA."""
+
+    def __init__(self, device=None):
+        self.body, self.replays = None, 0
+
+    def warm_up(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def record(self, body):
+        self.body = body
+
+    def replay(self):
+        self.replays += 1
+        self.body()
+
+
+@pytest.fixture
+def replaying_graphs(monkeypatch):
+    """Every CUDA graph pyrobnn makes in the test is a :class:`ReplayingGraph`; returns the list of
+    those made."""
+    from pyrobnn.infer.core import graphs
+    from pyrobnn.infer.svi import capture
+
+    made = []
+
+    def make(device):
+        made.append(ReplayingGraph(device))
+        return made[-1]
+
+    monkeypatch.setattr(graphs, "CUDAGraph", make)
+    monkeypatch.setattr(capture, "CUDAGraph", make)
+    return made

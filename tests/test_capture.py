@@ -1,9 +1,9 @@
 """The SVI step recorded once and replayed (pyrobnn.infer.svi.capture).
 
 On a machine without CUDA the recording is exercised with a stand-in graph that records the
-step's function and replays it by calling it again: the fixed buffers, the learning rate held
-as a tensor, the failure record written in place and the eager short batch then run as on
-CUDA, and the parameters must equal those of the eager step. The step's traced part must also
+step's function and replays it by calling it again (``ReplayingGraph`` in ``conftest.py``): the
+fixed buffers, the learning rate held as a tensor, the failure record written in place and the
+eager short batch then run as on CUDA, and the parameters must equal those of the eager step. The step's traced part must also
 compile with ``fullgraph=True`` (no graph break, so no host synchronization, in the weight noise,
 forward pass and ELBO). On CUDA the real graph is compared with the eager step.
 """
@@ -18,24 +18,6 @@ from pyrobnn.infer.core import graphs
 from pyrobnn.infer.core.failures import InvalidBatchError
 from pyrobnn.infer.svi import capture
 from pyrobnn.infer.svi import trainer as trainer_module
-
-
-class Rerun:
-    """A stand-in for :class:`graphs.CUDAGraph`: records the body, replays it by calling it."""
-
-    def __init__(self, device=None):
-        self.body = None
-        self.replays = 0
-
-    def warm_up(self):
-        return contextlib.nullcontext()
-
-    def record(self, body):
-        self.body = body
-
-    def replay(self):
-        self.replays += 1
-        self.body()
 
 
 def problem(device="cpu", n=70):
@@ -53,17 +35,10 @@ def parameters(guide):
 
 
 @pytest.fixture
-def recorded_on_cpu(monkeypatch):
+def recorded_on_cpu(monkeypatch, replaying_graphs):
     """The recorded step on the CPU: the device rule lifted and the stand-in graph used."""
-    graphs = []
-
-    def make(device):
-        graphs.append(Rerun(device))
-        return graphs[-1]
-
     monkeypatch.setattr(trainer_module, "capture_refusal", lambda trainer, device: None if trainer.capture else "capture=False")
-    monkeypatch.setattr(capture, "CUDAGraph", make)
-    return graphs
+    return replaying_graphs
 
 
 def test_on_the_cpu_the_step_is_not_recorded_and_says_why():
@@ -151,10 +126,14 @@ def test_on_cuda_the_recorded_step_trains_as_the_eager_one():
 
 
 def test_a_step_that_cannot_be_recorded_runs_eagerly_and_says_why(recorded_on_cpu, monkeypatch):
-    def refuse(self, body):
-        raise RuntimeError("operation not permitted when stream is capturing")
+    class Refusing:
+        def __init__(self, device):
+            self.warm_up = contextlib.nullcontext
 
-    monkeypatch.setattr(Rerun, "record", refuse)
+        def record(self, body):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(capture, "CUDAGraph", Refusing)
     model, guide, x, y = problem()
     trainer = pyrobnn.SVITrainer(model, guide, lr=1e-2)
     for _ in range(graphs.WARMUP_CALLS + 3):

@@ -2,7 +2,6 @@
 records survive a checkpoint as they are, a run stopped anywhere resumes to the uninterrupted
 draws for every kernel, and a stretch the adaptation cannot resume inside is never written."""
 
-import contextlib
 import math
 from typing import NamedTuple
 
@@ -178,49 +177,26 @@ def test_nuts_reads_the_host_at_most_twice_per_iteration_off_the_cpu_and_draws_t
     assert reads_of["per_leaf"] > 10 * 100  # the count sees them
 
 
-class Rerun:
-    """A stand-in for a CUDA graph on the CPU: records the function, replays it by calling it."""
-
-    made = []
-
-    def __init__(self, device):
-        self.body, self.replays = None, 0
-        Rerun.made.append(self)
-
-    def warm_up(self):
-        return contextlib.nullcontext()
-
-    def record(self, body):
-        self.body = body
-
-    def replay(self):
-        self.replays += 1
-        self.body()
-
-
-def test_an_mclmc_step_recorded_and_replayed_draws_as_the_eager_one(monkeypatch):
+def test_an_mclmc_step_recorded_and_replayed_draws_as_the_eager_one(replaying_graphs):
     # the fixed input buffers, the copies in and out and the warm-up calls of a recorded step,
     # with a stand-in graph that replays by running the function (CUDA's own is checked on a GPU)
-    monkeypatch.setattr(graphs, "CUDAGraph", Rerun)
     z0 = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     runs = {}
     for recorded in (False, True):
         runs[recorded] = run_chains(MCLMC(graphs=recorded), MCLMCAdaptation((30, 10, 10)), FullBatch(gaussian), z0.clone(), num_samples=40,
                                     generator=torch.Generator().manual_seed(1))
-    assert len(Rerun.made) == 1 and Rerun.made[0].replays == 30 + 10 + 10 + 40 - graphs.WARMUP_CALLS
+    assert len(replaying_graphs) == 1 and replaying_graphs[0].replays == 30 + 10 + 10 + 40 - graphs.WARMUP_CALLS
     assert torch.equal(runs[True].draws, runs[False].draws)
     for k, v in runs[False].stats.items():
         assert torch.equal(torch.as_tensor(runs[True].stats[k]), torch.as_tensor(v)), k
 
 
-def test_nuts_leaves_recorded_and_replayed_draw_as_the_eager_ones(monkeypatch):
-    monkeypatch.setattr(graphs, "CUDAGraph", Rerun)
-    Rerun.made.clear()
+def test_nuts_leaves_recorded_and_replayed_draw_as_the_eager_ones(replaying_graphs):
     z0 = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     runs = {}
     for checks, recorded in (("per_leaf", False), ("few", True)):
         runs[recorded] = run_chains(NUTS(5, host_checks=checks, graphs=recorded), WindowAdaptation(30), FullBatch(gaussian), z0.clone(),
                                     num_samples=20, generator=torch.Generator().manual_seed(1))
-    assert len(Rerun.made) == 1 and Rerun.made[0].replays > 100  # one graph for every leaf of every depth
+    assert len(replaying_graphs) == 1 and replaying_graphs[0].replays > 100  # one graph for every leaf of every depth
     assert torch.equal(runs[True].draws, runs[False].draws)
     assert torch.equal(runs[True].stats["num_steps"], runs[False].stats["num_steps"])
