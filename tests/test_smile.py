@@ -204,3 +204,28 @@ def test_smile_on_the_conjugate_regression_recovers_the_posterior_mean_and_scale
     assert ((per_chain.mean(0) - mean).abs() < 4 * se).all(), (per_chain.mean(0), mean, se)
     ratio = w.reshape(-1, 3).std(0) / sd
     assert ((ratio - 1).abs() < 0.3).all(), ratio
+
+
+@pytest.mark.parametrize("options", [{}, {"tune": True, "L": 0.5}])
+def test_a_step_recorded_per_phase_and_replayed_draws_as_the_eager_one(options, replaying_graphs, monkeypatch):
+    # each phase's step recorded once and replayed with the step's batches as inputs, with the
+    # stand-in graph that replays by running (CUDA's own is checked on a GPU): the same draws
+    import functools
+    import importlib
+
+    from pyrobnn.infer.sgmcmc.smile_kernel import SMILE
+
+    smile_module = importlib.import_module("pyrobnn.infer.sgmcmc.smile")  # the package exports its function by that name
+
+    torch.manual_seed(0)
+    x = torch.randn(60, 2)
+    y = torch.sin(x[:, :1]) + 0.1 * torch.randn(60, 1)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(6,), activation="tanh"), pyrobnn.GaussianLikelihood(0.2), pyrobnn.NormalPrior(1.0))
+    run = dict(num_samples=10, num_warmup=12, thinning=1, batch_size=16, num_chains=3, seed=2, progress=False, **options)
+    eager = pyrobnn.smile(model, x, y, **run)
+    monkeypatch.setattr(smile_module, "SMILE", functools.partial(SMILE, graphs=True))
+    recorded = pyrobnn.smile(model, x, y, **run)
+    assert len(replaying_graphs) == 2  # the warm-up's step and the sampling step
+    assert [g.replays for g in replaying_graphs] == [12 - 3, 10 - 3]
+    assert all(torch.equal(recorded.samples[k], eager.samples[k]) for k in eager.samples)
+    assert torch.equal(recorded.stats["step_size"], eager.stats["step_size"])

@@ -20,7 +20,7 @@ before the failed step), and at the next check, the end of the epoch, a
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -29,7 +29,7 @@ from pyrobnn.infer.core.failures import StepFailures, guarded_optimizer_step, gr
 
 __all__ = [
     "minibatch_log_joint", "minibatch_log_joint_grad", "minibatch_log_joint_value_and_grad", "per_row_minibatch_log_joint_value_and_grad",
-    "MinibatchLoop", "Minibatches",
+    "MinibatchLoop", "MinibatchTarget", "Minibatches",
 ]
 
 
@@ -163,6 +163,24 @@ class MinibatchLoop:
         self._stream = None if stream is None else (stream["perm"].to(self.device), int(stream["cursor"]))
 
 
+class MinibatchTarget(NamedTuple):
+    """One step's target ``z -> (log p̂, grad log p̂)``: ``potential`` on the batch ``(x, y)`` of a
+    data set of ``dataset_size`` points, one batch for all rows
+    (:func:`minibatch_log_joint_value_and_grad`) or, with ``per_row``, one per row
+    (:func:`per_row_minibatch_log_joint_value_and_grad`). Its tensors are in the open, so that a
+    step recorded as a CUDA graph can take the batch as an input."""
+
+    potential: object
+    x: torch.Tensor
+    y: torch.Tensor
+    dataset_size: int
+    per_row: bool
+
+    def __call__(self, z):
+        value_and_grad = per_row_minibatch_log_joint_value_and_grad if self.per_row else minibatch_log_joint_value_and_grad
+        return value_and_grad(self.potential, z, self.x, self.y, self.dataset_size)
+
+
 class Minibatches:
     """The data of a stochastic-gradient sampler's run (:mod:`pyrobnn.infer.core.runner`): each
     step's target is :func:`minibatch_log_joint_value_and_grad` on the next batch of ``loop``
@@ -183,15 +201,12 @@ class Minibatches:
         self.x, self.y = potential.x, potential.y
         self.per_epoch = math.ceil(loop.n / loop.batch_size)  # steps between the checks for a failed step
 
-    def next_target(self):
-        potential, n = self.potential, self.loop.n
+    def next_target(self) -> MinibatchTarget:
         if self.per_chain is not None:
             idx = self.loop.next_batches(self.per_chain)  # (chains, batch_size)
-            xb, yb = self.x[idx], self.y[idx]
-            return lambda z: per_row_minibatch_log_joint_value_and_grad(potential, z, xb, yb, n)
-        idx = self.loop.next_batch()
-        xb, yb = self.x[idx], self.y[idx]
-        return lambda z: minibatch_log_joint_value_and_grad(potential, z, xb, yb, n)
+        else:
+            idx = self.loop.next_batch()
+        return MinibatchTarget(self.potential, self.x[idx], self.y[idx], self.loop.n, self.per_chain is not None)
 
     def guard(self, old, new, info):
         """``new``, or where this or an earlier step failed (no host sync) ``old``."""

@@ -61,6 +61,7 @@ that still gives a non-finite position or energy is undone like a reset and coun
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -68,8 +69,10 @@ from typing import NamedTuple
 
 import torch
 
+from pyrobnn.infer.core.graphs import RecordedFunction
 from pyrobnn.infer.core.integrators import MCLACHLAN_B1, esh_velocity_update, partial_refresh
 from pyrobnn.infer.core.kernel import Kernel
+from pyrobnn.infer.core.minibatch import MinibatchTarget
 
 __all__ = ["SMILEState", "SMILESettings", "SMILEInfo", "SMILE", "smile_init", "smile_step", "gamma_quantile", "preconditioner", "MAX_GRAD"]
 
@@ -234,6 +237,17 @@ def smile_step(state: SMILEState, log_density_and_grad, settings: SMILESettings,
     return new, torch.where(finite, energy_change, torch.zeros_like(energy_change)), reset & finite, finite
 
 
+def _smile_arrays(settings, warmup, potential, dataset_size, per_row, noisy, *arrays):
+    """:func:`smile_step` as a function of tensors alone (a state's fields, the batch ``x`` and
+    ``y``, and the refresh noise where ``noisy``), returning the new state's fields and the
+    step's energy change, reset and finiteness: the form a CUDA graph records."""
+    fields = len(SMILEState._fields)
+    state, (x, y) = SMILEState(*arrays[:fields]), arrays[fields : fields + 2]
+    noise = arrays[fields + 2] if noisy else None
+    new, change, reset, finite = smile_step(state, MinibatchTarget(potential, x, y, dataset_size, per_row), settings, warmup, noise=noise)
+    return (*new, change, reset, finite)
+
+
 class SMILE(Kernel):
     """The SMILE kernel with fixed ``settings`` (:class:`SMILESettings`), on minibatch targets
     ``z -> (log p̂, grad log p̂)``, a batch per chain and step; the runner's settings of a step
@@ -245,8 +259,12 @@ class SMILE(Kernel):
     tallies = ("resets", "nonfinite")
     evaluations_per_step = 2
 
-    def __init__(self, settings: SMILESettings, step_size: float):
+    def __init__(self, settings: SMILESettings, step_size: float, graphs=None):
         self.settings, self.step_size = settings, step_size
+        #: whether the step (both gradient evaluations and the tuner) is recorded once as a CUDA
+        #: graph per phase, warm-up and sampling, and replayed with each step's batches as inputs
+        #: (:class:`~pyrobnn.infer.core.graphs.RecordedFunction`); ``None``: on a CUDA device
+        self.graphs = graphs
 
     def init(self, position, data, generator) -> SMILEState:
         return smile_init(position, data.next_target(), self.step_size)
@@ -260,6 +278,24 @@ class SMILE(Kernel):
     def step(self, state, target, noise, adapting: bool):
         state, change, reset, finite = smile_step(state, target, self.settings, warmup=adapting, noise=noise)
         return state, SMILEInfo(change, reset, finite)
+
+    def stepper(self, path, target):
+        """Eager :meth:`step`; on a CUDA device (see ``graphs``) recorded once per phase and
+        replayed, the step's minibatches given as inputs."""
+        eager = super().stepper(path, target)
+        recorded = {}
+
+        def step(state, target, noise, adapting):
+            graphs = self.graphs if self.graphs is not None else state.z.device.type == "cuda"
+            if not graphs or not isinstance(target, MinibatchTarget):
+                return eager(state, target, noise, adapting)
+            if adapting not in recorded:
+                recorded[adapting] = RecordedFunction(functools.partial(_smile_arrays, self.settings, adapting, target.potential, target.dataset_size,
+                                                                        target.per_row, noise is not None))
+            out = recorded[adapting](*state, target.x, target.y, *(() if noise is None else (noise,)))
+            return SMILEState(*out[:-3]), SMILEInfo(*out[-3:])
+
+        return step
 
     def record(self, state: SMILEState, info: SMILEInfo) -> dict:
         return {"z": state.z, "energy_change": info.energy_change}
