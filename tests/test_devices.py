@@ -94,7 +94,7 @@ def test_fit_does_not_synchronize_per_step_on_cuda():
 
 
 @cuda
-@pytest.mark.parametrize("method", ["nuts", "mclmc", "deep_ensemble", "laplace", "swag", "sgld"])
+@pytest.mark.parametrize("method", ["nuts", "mclmc", "deep_ensemble", "laplace", "swag", "sgld", "smile"])
 def test_samplers_and_baselines_run_on_cuda_and_return_draws_there(method):
     x, y = regression_data()
     model = mlp_model().cuda()
@@ -109,9 +109,44 @@ def test_samplers_and_baselines_run_on_cuda_and_return_draws_there(method):
         result = pyrobnn.laplace(model, x, y, hessian="diag", num_samples=10, map_options={"max_epochs": 5, "progress": False})
     elif method == "swag":
         result = pyrobnn.swag(model, x, y, num_epochs=3, num_samples=10, map_options={"max_epochs": 5}, progress=False)
-    else:
+    elif method == "sgld":
         result = pyrobnn.sgld(model, x, y, num_steps=50, num_chains=2, progress=False)
+    else:
+        result = pyrobnn.smile(model, x, y, num_samples=20, num_warmup=20, batch_size=16, num_chains=2, progress=False)
     draws = result.flat_samples()
     assert all(v.device.type == "cuda" and torch.isfinite(v).all() for v in draws.values())
     pred = pyrobnn.predict(model, result, x, num_samples=None)
     assert pred.mean.device.type == "cuda" and torch.isfinite(pred.mean).all()
+
+
+@cuda
+@pytest.mark.parametrize("kernel", ["mclmc", "nuts", "smile"])
+def test_steps_recorded_as_cuda_graphs_draw_as_the_eager_ones_on_cuda(kernel, monkeypatch):
+    """MCLMC's step, each NUTS leaf and SMILE's step recorded once and replayed on CUDA, against
+    the same run with nothing recorded: the same kernels on the same inputs, so the same draws
+    (to the last bits that a kernel's choice of algorithm may move)."""
+    import functools
+    import importlib
+
+    from pyrobnn.infer.mcmc import mclmc_kernel, nuts_kernel
+    from pyrobnn.infer.sgmcmc import smile_kernel
+
+    x, y = regression_data()
+    runs = []
+    for graphs in (False, True):
+        model = mlp_model().cuda()
+        if kernel == "mclmc":
+            monkeypatch.setattr(importlib.import_module("pyrobnn.infer.mcmc.samplers"), "MCLMC", functools.partial(mclmc_kernel.MCLMC, graphs=graphs))
+            result = pyrobnn.mclmc(model, x.cuda(), y.cuda(), num_samples=50, num_warmup=(60, 20, 20), num_chains=3, thinning=1, backend="eager",
+                                   progress=False)
+        elif kernel == "nuts":
+            monkeypatch.setattr(importlib.import_module("pyrobnn.infer.mcmc.samplers"), "NUTS",
+                                functools.partial(nuts_kernel.NUTS, host_checks="few", graphs=graphs))
+            result = pyrobnn.nuts(model, x.cuda(), y.cuda(), num_samples=20, num_warmup=20, num_chains=3, max_tree_depth=5, backend="eager",
+                                  progress=False)
+        else:
+            monkeypatch.setattr(importlib.import_module("pyrobnn.infer.sgmcmc.smile"), "SMILE", functools.partial(smile_kernel.SMILE, graphs=graphs))
+            result = pyrobnn.smile(model, x.cuda(), y.cuda(), num_samples=20, num_warmup=20, batch_size=16, num_chains=3, progress=False)
+        runs.append(result.flat_samples())
+    for k in runs[0]:
+        torch.testing.assert_close(runs[1][k], runs[0][k], rtol=1e-5, atol=1e-6)
