@@ -450,6 +450,7 @@ def sampler_section(device, quick, smoke, with_reference):
 def nuts_host_reads(device, iterations=40):
     """Host reads and torch operations per eager NUTS iteration and per leapfrog step, for both
     schedules of :class:`~pyrobnn.infer.mcmc.nuts_kernel.NUTS`, and whether they drew the same."""
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from pyrobnn.infer.core.kernel import FullBatch
@@ -457,14 +458,24 @@ def nuts_host_reads(device, iterations=40):
     from pyrobnn.infer.core.runner import run_chains
     from pyrobnn.infer.mcmc.nuts_kernel import NUTS, WindowAdaptation
 
-    class Count(TorchDispatchMode):
+    class Reads(TorchFunctionMode):  # a tensor's values read on the host: .item(), .tolist(), bool(), ...
+        names = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"}
+
         def __init__(self):
             super().__init__()
-            self.reads = self.ops = 0
+            self.count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.count += getattr(func, "__name__", None) in self.names
+            return func(*args, **(kwargs or {}))
+
+    class Ops(TorchDispatchMode):  # the torch operations dispatched
+        def __init__(self):
+            super().__init__()
+            self.count = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops += 1
-            self.reads += func is torch.ops.aten._local_scalar_dense.default
+            self.count += 1
             return func(*args, **(kwargs or {}))
 
     x, y = regression(200)
@@ -473,12 +484,12 @@ def nuts_host_reads(device, iterations=40):
     out, draws = {}, {}
     for checks in ("few", "per_leaf"):
         z0 = 0.1 * torch.randn(8, potential.dim, generator=torch.Generator(device="cpu").manual_seed(0), device="cpu").to(device)
-        with torch.no_grad(), Count() as count:
-            run = run_chains(NUTS(6, host_checks=checks), WindowAdaptation(iterations // 2), FullBatch(potential.value_and_grad), z0,
+        with torch.no_grad(), Reads() as reads, Ops() as ops:
+            run = run_chains(NUTS(6, host_checks=checks, graphs=False), WindowAdaptation(iterations // 2), FullBatch(potential.value_and_grad), z0,
                              num_samples=iterations // 2, generator=torch.Generator(device=device).manual_seed(1))
         leaves = float(run.stats["num_steps"].double().sum()) / 8
-        out[checks] = {"reads_per_iteration": count.reads / iterations, "ops_per_iteration": count.ops / iterations,
-                       "ops_per_leapfrog_step": count.ops / max(leaves, 1.0), "leapfrog_steps_per_iteration": leaves / iterations}
+        out[checks] = {"reads_per_iteration": reads.count / iterations, "ops_per_iteration": ops.count / iterations,
+                       "ops_per_leapfrog_step": ops.count / max(leaves, 1.0), "leapfrog_steps_per_iteration": leaves / iterations}
         draws[checks] = run.draws
     out["same_draws"] = bool(torch.equal(draws["few"], draws["per_leaf"]))
     return out

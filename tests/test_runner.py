@@ -8,7 +8,7 @@ from typing import NamedTuple
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 from pyrobnn.infer.core import graphs, records
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
@@ -138,18 +138,19 @@ def test_kernels_declare_their_evaluations():
     assert math.isclose(MCLMCAdaptation((40, 5, 5)).num_steps, 50)
 
 
-class HostReads(TorchDispatchMode):
-    """Counts the reads of a device value on the host (``.item()``, ``bool()``, ``int()`` of a
-    tensor: each is a synchronization on an accelerator), which on the CPU cost nothing and
-    are counted here instead."""
+class HostReads(TorchFunctionMode):
+    """Counts the reads of a tensor's values on the host (``.item()``, ``.tolist()``, ``bool()``,
+    ``int()``, ``float()``, ``.numpy()`` of a tensor: each is a synchronization on an accelerator),
+    which on the CPU cost nothing and are counted here instead."""
+
+    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"}
 
     def __init__(self):
         super().__init__()
         self.count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", None) in self.READS
         return func(*args, **(kwargs or {}))
 
 

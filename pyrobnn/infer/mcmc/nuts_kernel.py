@@ -312,7 +312,8 @@ def nuts_transition(potential, state: NUTSState, randoms: NUTSRandoms, settings:
     finished is read (a host synchronization) after doubling ``check_from`` and after each one
     past it, not before. A doubling after every chain finished changes nothing, so the draws do
     not depend on ``check_from``; only the work and the synchronizations do. Returns the state,
-    the :class:`NUTSInfo` and the number of doublings taken."""
+    the :class:`NUTSInfo` and the number of doublings the deepest chain took (where it was read;
+    else ``max_tree_depth``)."""
     z0, u0, g0 = state
     chains, dim = z0.shape
     dtype, device = z0.dtype, z0.device
@@ -339,9 +340,13 @@ def nuts_transition(potential, state: NUTSState, randoms: NUTSRandoms, settings:
         log_u[: 2**j] = uniforms[:, leaves + 2**j - 1 : leaves + 2 ** (j + 1) - 1].T.log()
         log_u_merge = uniforms[:, max_tree_depth + j].log()
         trajectory = double(trajectory, forward, log_u, log_u_merge, 2**j, tables, dynamics)
-        if j + 1 >= check_from and j + 1 < max_tree_depth and bool(trajectory.done.all()):
-            doublings = j + 1
-            break
+        if j + 1 >= check_from and j + 1 < max_tree_depth:
+            # one read: whether every chain is done, and the deepest chain's doublings (where the
+            # last one finished, which can be before this check)
+            done, deepest = torch.stack([trajectory.done.all().to(trajectory.depth.dtype), trajectory.depth.max()]).tolist()
+            if done:
+                doublings = int(deepest)
+                break
     t = trajectory
     info = NUTSInfo(t.accept_sum / t.num_steps.clamp_min(1.0), t.depth, t.num_steps, t.diverging)
     return NUTSState(t.z_proposal, t.energy_proposal, t.grad_proposal), info, doublings
