@@ -9,8 +9,10 @@ value on the host, decide nothing on a value, and hold no Python value that chan
 calls: those live in tensors that are refilled in place.
 
 :class:`CUDAGraph` is the recording itself; :class:`RecordedFunction` applies it to a pure
-function of tensors (a sampler's step: :class:`~pyrobnn.infer.mcmc.mclmc_kernel.MCLMC` on CUDA);
-the SVI step, which also updates parameters in place, has its own wrapper
+function of tensors (on CUDA: the step of :class:`~pyrobnn.infer.mcmc.mclmc_kernel.MCLMC`, a leaf
+of :class:`~pyrobnn.infer.mcmc.nuts_kernel.NUTS`, the step of
+:class:`~pyrobnn.infer.sgmcmc.smile_kernel.SMILE` with its batches as inputs); the SVI step, which
+also updates parameters in place, has its own wrapper
 (:class:`~pyrobnn.infer.svi.capture.CapturedStep`).
 """
 
