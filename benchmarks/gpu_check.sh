@@ -7,9 +7,12 @@
 # Logs and results go to the folder given (default gpu-logs/), each part with its exit status.
 #
 # From the repository's root: bash benchmarks/gpu_check.sh [LOG_FOLDER]
-# Packages the GPU machine lacks (pyro-ppl, arviz, laplace-torch, bayesian-torch, blackjax and
-# what they need) travel as wheels in .whl/ (see /work/.library/device/README.md); they are
-# installed into /tmp/site when the folder is there.
+# Packages the GPU machine lacks travel as wheels in .whl/ (see /work/.library/device/README.md for
+# the pip download command: Python 3.12, manylinux x86_64, --no-deps); they are installed into
+# /tmp/site when the folder is there. The lent machines have had torch, JAX, NumPyro, BoTorch and
+# Lightning; pyrobnn also needs pyro-ppl (with pyro-api and opt-einsum), arviz (with xarray and
+# h5netcdf where absent), laplace-torch (with its curvature backends) and, for the benchmark's rows,
+# bayesian-torch and blackjax: read each wheel's Requires-Dist for what else is missing there.
 set -u
 LOG=${1:-gpu-logs}
 mkdir -p "$LOG"
