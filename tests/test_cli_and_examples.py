@@ -1,6 +1,7 @@
 """The command line and the examples run, and their results beat trivial baselines."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -176,3 +177,16 @@ def test_gpu_benchmark_runs_on_the_cpu(tmp_path):
     assert nuts["pyrobnn"]["min_ess"] > 0 and nuts["chains_scaling"]["time_ratio"] > 0
     assert report["samplers"]["mclmc"]["pyrobnn"]["steps_per_s"] > 0
     assert report["versions"]["torch"] == __import__("torch").__version__
+
+
+@pytest.mark.slow
+def test_bo_calibration_benchmark_quick(tmp_path):
+    """benchmarks/bo_calibration.py --quick: every surrogate fits on every problem, size and seed,
+    and its NLL and 90% coverage are real numbers (the coverage a share of the test points)."""
+    stdout = run([sys.executable, os.path.join(ROOT, "benchmarks", "bo_calibration.py"), "--quick"], tmp_path)
+    summary = json.loads(stdout.strip().splitlines()[-1])["summary"]
+    assert set(summary) == {"branin/n=10", "branin/n=20", "rosenbrock5/n=10", "rosenbrock5/n=20"}
+    for rows in summary.values():
+        assert set(rows) == {"gp", "laplace", "deep_ensemble", "nuts"}
+        for row in rows.values():
+            assert math.isfinite(row["nll"]) and 0.0 <= row["coverage"] <= 1.0
