@@ -150,12 +150,13 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--problems", nargs="+", help=f"of {DEVELOPMENT + HELD_OUT}")
     parser.add_argument("--methods", nargs="+")
+    parser.add_argument("--sizes", nargs="+", type=int)
+    parser.add_argument("--seeds", type=int)
     args = parser.parse_args(argv)
     settings = dict(QUICK if args.quick else FULL)
-    if args.problems:
-        settings["problems"] = args.problems
-    if args.methods:
-        settings["methods"] = args.methods
+    for key in ("problems", "methods", "sizes", "seeds"):
+        if getattr(args, key):
+            settings[key] = getattr(args, key)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     records = run(settings, "quick" if args.quick else "full")
     summary = summarize(records, settings)
