@@ -450,24 +450,13 @@ def sampler_section(device, quick, smoke, with_reference):
 def nuts_host_reads(device, iterations=40):
     """Host reads and torch operations per eager NUTS iteration and per leapfrog step, for both
     schedules of :class:`~pyrobnn.infer.mcmc.nuts_kernel.NUTS`, and whether they drew the same."""
-    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from pyrobnn.infer.core.kernel import FullBatch
     from pyrobnn.infer.core.potential import FlatPotential
     from pyrobnn.infer.core.runner import run_chains
     from pyrobnn.infer.mcmc.nuts_kernel import NUTS, WindowAdaptation
-
-    class Reads(TorchFunctionMode):  # a tensor's values read on the host: .item(), .tolist(), bool(), ...
-        names = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"}
-
-        def __init__(self):
-            super().__init__()
-            self.count = 0
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.count += getattr(func, "__name__", None) in self.names
-            return func(*args, **(kwargs or {}))
+    from pyrobnn.testing import HostReads
 
     class Ops(TorchDispatchMode):  # the torch operations dispatched
         def __init__(self):
@@ -484,7 +473,7 @@ def nuts_host_reads(device, iterations=40):
     out, draws = {}, {}
     for checks in ("few", "per_leaf"):
         z0 = 0.1 * torch.randn(8, potential.dim, generator=torch.Generator(device="cpu").manual_seed(0), device="cpu").to(device)
-        with torch.no_grad(), Reads() as reads, Ops() as ops:
+        with torch.no_grad(), HostReads() as reads, Ops() as ops:
             run = run_chains(NUTS(6, host_checks=checks, graphs=False), WindowAdaptation(iterations // 2), FullBatch(potential.value_and_grad), z0,
                              num_samples=iterations // 2, generator=torch.Generator(device=device).manual_seed(1))
         leaves = float(run.stats["num_steps"].double().sum()) / 8

@@ -54,6 +54,7 @@ from typing import Callable
 import pyro.distributions as dist
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -69,7 +70,7 @@ from pyrobnn.utils.validation import as_tensor, check_forward
 
 __all__ = [
     "Case", "CASES", "build_case", "method_prior", "check_method", "check_refusal", "check_determinism", "check_fresh_process", "check_budgets",
-    "check_declaration", "check_memory", "TensorMemory", "parametrize_with_checks", "conformance_matrix", "checks",
+    "check_declaration", "check_memory", "TensorMemory", "HostReads", "parametrize_with_checks", "conformance_matrix", "checks",
 ]
 
 N_TRAIN, N_TEST = 48, 9
@@ -451,6 +452,22 @@ def _storage(t):
         return storage, storage.data_ptr()
     except (RuntimeError, NotImplementedError):
         return None, None
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the reads of a tensor's values on the host (``.item()``, ``.tolist()``, ``bool()``,
+    ``int()``, ``float()``, ``.numpy()`` of a tensor: each a synchronization on an accelerator),
+    which on the CPU cost nothing and are counted here instead (``count``)."""
+
+    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", None) in self.READS
+        return func(*args, **(kwargs or {}))
 
 
 class TensorMemory(TorchDispatchMode):

@@ -8,7 +8,6 @@ from typing import NamedTuple
 import pytest
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from pyrobnn.infer.core import graphs, records
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint
@@ -16,6 +15,7 @@ from pyrobnn.infer.core.kernel import FullBatch
 from pyrobnn.infer.core.runner import run_chains
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCAdaptation
 from pyrobnn.infer.mcmc.nuts_kernel import NUTS, WindowAdaptation
+from pyrobnn.testing import HostReads
 from pyrobnn.utils.modes import eval_mode
 
 SCALES = torch.linspace(0.5, 2.0, 6, dtype=torch.float64)
@@ -136,22 +136,6 @@ def test_eval_mode_gives_every_submodule_its_own_mode_back():
 def test_kernels_declare_their_evaluations():
     assert NUTS(6).evaluations_per_step == 2**6 - 1 and MCLMC().evaluations_per_step == 2
     assert math.isclose(MCLMCAdaptation((40, 5, 5)).num_steps, 50)
-
-
-class HostReads(TorchFunctionMode):
-    """Counts the reads of a tensor's values on the host (``.item()``, ``.tolist()``, ``bool()``,
-    ``int()``, ``float()``, ``.numpy()`` of a tensor: each is a synchronization on an accelerator),
-    which on the CPU cost nothing and are counted here instead."""
-
-    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy"}
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += getattr(func, "__name__", None) in self.READS
-        return func(*args, **(kwargs or {}))
 
 
 def test_nuts_reads_the_host_at_most_twice_per_iteration_off_the_cpu_and_draws_the_same():
