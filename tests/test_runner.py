@@ -185,3 +185,8 @@ def test_nuts_leaves_recorded_and_replayed_draw_as_the_eager_ones(replaying_grap
     assert len(replaying_graphs) == 1 and replaying_graphs[0].replays > 100  # one graph for every leaf of every depth
     assert torch.equal(runs[True].draws, runs[False].draws)
     assert torch.equal(runs[True].stats["num_steps"], runs[False].stats["num_steps"])
+
+
+def test_nuts_refuses_an_unknown_schedule_by_name():
+    with pytest.raises(ValueError, match="host_checks must be None, 'per_leaf' or 'few', got 'sometimes'"):
+        NUTS(5, host_checks="sometimes")

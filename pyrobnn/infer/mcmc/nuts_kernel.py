@@ -530,6 +530,8 @@ class NUTS(Kernel):
     State = NUTSState
 
     def __init__(self, max_tree_depth: int = 10, host_checks=None, graphs=None):
+        if host_checks not in (None, "per_leaf", "few"):
+            raise ValueError(f"host_checks must be None, 'per_leaf' or 'few', got {host_checks!r}")
         self.max_tree_depth = max_tree_depth
         self.evaluations_per_step = 2**max_tree_depth - 1
         #: where the eager path asks the host whether the chains are done: ``"per_leaf"`` (stop
