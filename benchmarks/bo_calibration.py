@@ -75,6 +75,10 @@ def fit(method, X, Y, budget, num_samples, seed):
         model = SingleTaskGP(X, Y)
         fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
         return model
+    if method == "infinite_width":
+        from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
+
+        return infinite_width_gp(X, Y)
     from pyrobnn.integrations.botorch import fit_surrogate
 
     return fit_surrogate(X, Y, method, options=OPTIONS[budget][method], num_samples=num_samples, seed=seed)

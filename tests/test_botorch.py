@@ -124,12 +124,27 @@ def test_members_are_the_network_at_the_draws_in_original_units(surrogates):
     torch.testing.assert_close(tf.means.reshape(()), Y.mean(), rtol=1e-12, atol=0)
 
 
-def test_observation_noise_is_each_members_noise_scale(surrogates):
-    s = surrogates["nuts"]
+def noise_prior_model(d, m):
+    """A surrogate network whose noise scale has a prior (a latent site, one draw per member)."""
+    import pyro.distributions as dist
+
+    net = pyrobnn.MLP(d, m, hidden=(16,), activation="tanh").double()
+    noise = dist.LogNormal(torch.tensor(-3.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+    return pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=noise), prior=pyrobnn.NormalPrior(1.0, fan_in=True))
+
+
+@pytest.mark.parametrize("noise", ["fixed", "prior"])
+def test_observation_noise_is_each_members_noise_scale(surrogates, noise):
+    if noise == "fixed":  # the calibrated default: the marginal likelihood's noise, fixed
+        s = surrogates["nuts"]
+        sigma = s.model.likelihood.scale().detach() * s.outcome_transform.stdvs
+    else:
+        X, Y = data()
+        s = fit_surrogate(X, Y, "nuts", model=noise_prior_model, options=QUICK["nuts"], num_samples=8)
+        sigma = s.draws()["noise_scale"].reshape(-1, 1, 1) * s.outcome_transform.stdvs
     x = torch.rand(400, D, dtype=torch.float64)
     clean = s.posterior(x).values
     noisy = s.posterior(x, observation_noise=True).values
-    sigma = s.draws()["noise_scale"].reshape(-1, 1, 1) * s.outcome_transform.stdvs
     z = (noisy - clean) / sigma  # standard normal per member and point
     assert abs(float(z.mean())) < 4 / math.sqrt(z.numel())
     assert abs(float(z.var()) - 1) < 4 * math.sqrt(2 / z.numel())
@@ -183,7 +198,9 @@ def test_condition_on_observations_refits_warm(surrogates, kind):
 
 def test_input_transform_applies_as_in_botorch():
     X, Y = data()
-    lo, hi = torch.tensor([-5.0, 0.0], dtype=torch.float64), torch.tensor([10.0, 15.0], dtype=torch.float64)
+    # bounds whose map is exact in floating point: the calibrated prior's marginal likelihood fit
+    # (L-BFGS) turns a rounding difference in the inputs into one of 1e-4 in the predictions
+    lo, hi = torch.tensor([0.0, 0.0], dtype=torch.float64), torch.tensor([2.0, 16.0], dtype=torch.float64)
     raw = lo + X * (hi - lo)
     s = fit_surrogate(raw, Y, "deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4,
                       input_transform=Normalize(D, bounds=torch.stack([lo, hi])))
@@ -217,11 +234,24 @@ def test_bad_input_is_refused_by_name():
         PosteriorSurrogate(object(), X, Y)
 
 
-def test_default_model_is_a_tanh_mlp_with_a_noise_prior():
+def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data():
+    from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
+    from pyrobnn.models.infinite_width import Erf, InputScaling, infinite_width_of
+
     model = default_model(3, 1)
-    assert [s.name for s in model.sites][:2] == ["layers.0.weight", "layers.0.bias"] or len(model.sites) == 6
-    assert "noise_scale" in model.likelihood.latent_sites()
-    assert model.dtype == torch.float64
+    assert isinstance(model.net[0], InputScaling) and isinstance(model.net[2], Erf) and len(model.sites) == 6
+    assert model.likelihood.noise_kind == "fixed" and model.dtype == torch.float64
+    X, Y = data()
+    s = fit_surrogate(X, Y, "laplace", options=QUICK["laplace"], num_samples=4)
+    # the surrogate's prior is the infinite-width GP's fit to the standardized data
+    y = (Y - Y.mean()) / Y.std()
+    gp = infinite_width_gp(X, y, outcome_transform=None)
+    expected, got = gp.covar_module.network(), infinite_width_of(s.result.model)
+    torch.testing.assert_close(torch.tensor(got.weight_scales), torch.tensor(expected.weight_scales), rtol=1e-6, atol=0)
+    torch.testing.assert_close(torch.tensor(got.bias_scales), torch.tensor(expected.bias_scales), rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.input_scale, expected.input_scale, rtol=1e-6, atol=0)
+    torch.testing.assert_close(s.result.model.likelihood.scale(), gp.likelihood.noise.detach().sqrt().reshape(()), rtol=1e-6, atol=0)
+    assert got.weight_scales != infinite_width_of(default_model(D, 1)).weight_scales
 
 
 @pytest.mark.parametrize("method", ["deep_ensemble", "laplace"])

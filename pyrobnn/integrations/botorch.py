@@ -69,10 +69,11 @@ except ImportError as error:  # pragma: no cover - the optional extra is missing
 from pyrobnn import methods
 from pyrobnn.infer.modes.laplace import LaplacePosterior, linearized_outputs
 from pyrobnn.infer.results.protocol import Result
-from pyrobnn.models import MLP, BayesianModel
+from pyrobnn.models import BayesianModel
+from pyrobnn.integrations.infinite_width_gp import calibrated_model
 from pyrobnn.models.functional import call_with_weights
+from pyrobnn.models.infinite_width import InfiniteWidthMLP, infinite_width_of
 from pyrobnn.models.likelihoods import GaussianLikelihood, HeteroscedasticGaussianLikelihood
-from pyrobnn.models.priors import NormalPrior
 from pyrobnn.utils.modes import eval_mode
 
 __all__ = [
@@ -84,20 +85,19 @@ __all__ = [
 JACOBIAN_CHUNK_BYTES = 64 << 20
 
 
-def default_model(d: int, m: int = 1, *, hidden=(50, 50), dtype=torch.float64) -> BayesianModel:
-    r"""The surrogate network where none is given: an MLP ``d -> 50 -> 50 -> m`` with tanh
-    activations (smooth functions of the inputs, as BO's objectives mostly are), a
-    :class:`~pyrobnn.models.priors.NormalPrior` of scale 1 scaled by fan-in on the weights, and a
-    Gaussian likelihood whose noise scale :math:`\sigma` has a LogNormal(-3, 1) prior on
-    standardized outcomes (median 0.05; BoTorch's GPs put LogNormal(-4, 1) on the noise variance,
-    a median scale of 0.14). BO's objectives are mostly noiseless, and with a wide noise prior a
-    MAP on ten points explained every value as noise (a constant fit, measured on Branin)."""
-    import pyro.distributions as dist
-
-    net = MLP(d, m, hidden=hidden, activation="tanh").to(dtype)
-    device = next(net.parameters()).device  # the default device, as the network's
-    noise = dist.LogNormal(torch.tensor(-3.0, dtype=dtype, device=device), torch.tensor(1.0, dtype=dtype, device=device))
-    return BayesianModel(net, GaussianLikelihood(scale=noise), prior=NormalPrior(1.0, fan_in=True))
+def default_model(d: int, m: int = 1, *, width: int = 50, depth: int = 2, dtype=torch.float64) -> BayesianModel:
+    r"""The surrogate network where none is given, before its prior is fitted: an MLP ``d -> 50
+    -> 50 -> m`` with erf activations (smooth like tanh, with a closed-form infinite-width
+    kernel) behind an :class:`~pyrobnn.models.infinite_width.InputScaling` of the unit cube onto
+    [-1, 1], Gaussian priors scaled by fan-in, and a fixed noise scale of 0.1. :func:`fit_surrogate`
+    replaces its scales and noise at every fit by those of
+    :func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model` (empirical Bayes through the
+    network's infinite-width limit); this model is the shape a surrogate has before its first fit
+    (e.g. a :class:`BNNSurrogate` that reloads a saved state)."""
+    device = torch.get_default_device()
+    description = InfiniteWidthMLP("erf", (1.0,) + (1.5,) * depth, (1.0,) * (depth + 1), torch.full((d,), 0.5, dtype=dtype, device=device),
+                                   torch.full((d,), 2.0, dtype=dtype, device=device))
+    return description.bayesian_model(GaussianLikelihood(scale=0.1), out_features=m, width=width, dtype=dtype)
 
 
 @dataclasses.dataclass
@@ -117,6 +117,7 @@ class SurrogateFit:
     outcome_transform: object
     seconds: float = 0.0
     warm: bool = False
+    calibrate: bool = False
 
 
 # -- the models -----------------------------------------------------------------------------------
@@ -493,6 +494,7 @@ class BNNSurrogate(PosteriorSurrogate):
         result, record, input_transform, outcome_transform = _fit_result(self.fit_record, self.fit_record.train_X,
                                                                          self.fit_record.train_Y, previous)
         self.fit_record = record
+        self.model = record.model  # a calibrated fit's model has the data's prior and noise
         if input_transform is not None:
             self.input_transform = input_transform
         if outcome_transform is not None:
@@ -528,7 +530,10 @@ def fit_surrogate(
     :param method: a registered method's key (:mod:`pyrobnn.methods`): ``"nuts"``, ``"mclmc"``,
         ``"deep_ensemble"``, ``"laplace"``, ``"ivon"``, ``"swag"``, ``"sgld"``, a guide's...
     :param model: a :class:`~pyrobnn.models.BayesianModel`, or ``model(d, m) -> BayesianModel``;
-        default :func:`default_model`. Its dtype is the surrogate's working precision.
+        default: at every fit, :func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model` of
+        the (transformed) training data, a ``d-50-50-m`` erf network whose prior scales and noise
+        are fitted by the marginal likelihood of its infinite-width limit (the shape of
+        :func:`default_model`). Its dtype is the surrogate's working precision.
     :param options: the method's options, merged over its ``bo_options``
         (:class:`~pyrobnn.methods.MethodSpec`).
     :param num_samples: ensemble members (weight draws) of a :class:`PosteriorSurrogate`.
@@ -559,7 +564,8 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
         raise ValueError(f"warm_fraction must be in (0, 1], got {warm_fraction!r}")
     train_X, train_Y = _check_xy(train_X, train_Y)
     d, m = train_X.shape[-1], train_Y.shape[-1]
-    if model is None:
+    calibrate = model is None
+    if calibrate:
         model = default_model(d, m, dtype=train_X.dtype if train_X.dtype.is_floating_point else torch.float64)
     elif not isinstance(model, BayesianModel):
         if not callable(model):
@@ -576,7 +582,7 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
     if "progress" in _parameters(method):
         merged.setdefault("progress", False)
     return SurrogateFit(method, model, merged, num_samples, seed, float(warm_fraction), laplace_form, train_X, train_Y,
-                        input_transform, outcome_transform)
+                        input_transform, outcome_transform, calibrate=calibrate)
 
 
 def _parameters(method) -> tuple:
@@ -586,7 +592,6 @@ def _parameters(method) -> tuple:
 def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
     """Run ``record``'s method on ``(train_X, train_Y)`` (original units, transformed here), from
     ``previous``'s posterior when given: the result, the new record and the fitted transforms."""
-    model = record.model
     input_transform = copy.deepcopy(record.input_transform)
     outcome_transform = copy.deepcopy(record.outcome_transform)
     with torch.no_grad():
@@ -600,18 +605,21 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
             outcome_transform.train()
             y, _ = outcome_transform(train_Y)
             outcome_transform.eval()
+    model = record.model
     x, y = x.to(model.dtype), y.to(model.dtype)
+    start = time.perf_counter()
+    if record.calibrate:  # the prior and noise chosen by these data (empirical Bayes), at every fit
+        model = calibrated_model(x, y, width=_width(record.model), depth=infinite_width_of(record.model).depth)
     y_fit = y.reshape(-1) if y.shape[-1] == 1 and _one_output(model, x) else y
     options = dict(record.options)
     options.setdefault("seed", record.seed)
-    start = time.perf_counter()
     method = methods.spec(record.method)
     warm = previous is not None and method.warm_start is not None
     if warm:
         options = method.warm_start.options(method, model, previous, x, y_fit, options, record.warm_fraction, record.seed)
     result = method.run(model, x, y_fit, **options)
     seconds = time.perf_counter() - start
-    new = dataclasses.replace(record, train_X=train_X, train_Y=train_Y, seconds=seconds, warm=warm,
+    new = dataclasses.replace(record, model=model, train_X=train_X, train_Y=train_Y, seconds=seconds, warm=warm,
                               input_transform=record.input_transform, outcome_transform=record.outcome_transform)
     return result, new, input_transform, outcome_transform
 
@@ -625,6 +633,11 @@ def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
     return PosteriorSurrogate(result, train_X, train_Y, num_samples=record.num_samples, seed=record.seed,
                               input_transform=input_transform, outcome_transform=outcome_transform,
                               linearized=record.method == "laplace", _record=new)
+
+
+def _width(model) -> int:
+    """The hidden width of a :func:`default_model`-shaped network (its second linear layer's inputs)."""
+    return model.net[1].out_features
 
 
 def _one_output(model, x) -> bool:

@@ -1,0 +1,226 @@
+r"""A BNN's infinite-width limit as a BoTorch GP, and the finite network's prior chosen by it.
+
+:class:`InfiniteWidthKernel` is the NNGP kernel of a fully connected network
+(:mod:`pyrobnn.models.infinite_width`; Lee et al. 2018) as a GPyTorch kernel whose
+hyperparameters are the network's prior scales: the inputs' inverse length scales (one per
+feature, ARD, or one shared), the biases' scale, the hidden weights' scale and the output weights'
+scale. :func:`infinite_width_gp` fits it by BoTorch's exact marginal likelihood
+(``fit_gpytorch_mll``, maximum a posteriori under weak hyperpriors) in a ``SingleTaskGP``: a surrogate with a BNN's prior and exact inference
+(Li et al. 2024 find the infinite-width BNN strong in high dimensions; BoTorch's
+``InfiniteWidthBNNKernel`` is the ReLU one with fixed scales).
+
+:func:`calibrated_model` is empirical Bayes for the finite network (type-II maximum likelihood
+through its limit): the kernel's fitted scales become the weight priors of a width-``width``
+network of the same architecture and its fitted noise the likelihood's fixed noise scale. The
+marginal likelihood of a finite BNN has no closed form; its infinite-width limit's has, and at
+width 50 the finite prior is close to the limit. At 10-50 points this is what lets the samplers
+and the Laplace approximation fit the data instead of sitting at their prior, and keeps them from
+being confident away from it (``benchmarks/bo_calibration.py``; docs/bayesopt.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pyrobnn.models.infinite_width import ACTIVATIONS, InfiniteWidthMLP, infinite_width_of, nngp_covariance
+from pyrobnn.models.likelihoods import GaussianLikelihood
+
+try:
+    import warnings
+
+    with warnings.catch_warnings():  # GPyTorch's modules call torch.jit.script at import, which torch deprecates
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.* is deprecated", category=FutureWarning)
+        from botorch.fit import fit_gpytorch_mll
+        from botorch.models import SingleTaskGP
+        from botorch.models.transforms.outcome import Standardize
+        from gpytorch.constraints import Interval
+        from gpytorch.kernels import Kernel
+        from gpytorch.mlls import ExactMarginalLogLikelihood
+        from gpytorch.priors import LogNormalPrior
+except ImportError as error:  # pragma: no cover - the optional extra is missing
+    raise ImportError("pyrobnn.integrations.infinite_width_gp needs BoTorch: pip install 'pyrobnn[bo]'") from error
+
+__all__ = ["InfiniteWidthKernel", "infinite_width_gp", "calibrated_model", "ARD_POINTS_PER_FEATURE", "SCALE_BOUNDS", "SCALE_HYPERPRIOR"]
+
+#: one length scale per input feature (ARD) from this many training points per feature on; below
+#: it one shared scale. Chosen on the development problems of ``benchmarks/bo_calibration.py``:
+#: on Branin at n = 50 (25 per feature) ARD's held-out NLL was -2.6 against -1.2 shared; on
+#: Levy-20 at n = 20 (1 per feature) ARD over-fitted (NLL 7.5 against 2.3 shared).
+ARD_POINTS_PER_FEATURE = 10
+
+#: every prior scale of the kernel lies in this interval, under a LogNormal(0, 1.5) hyperprior
+#: (median 1, 95% within [0.05, 19]): at 10-20 points the plain marginal likelihood can run a
+#: scale to 0 or to the thousands (on Hartmann-6 at n = 20: biases 0, hidden weights 2236), which
+#: no finite network can take as its prior
+SCALE_BOUNDS = (1e-2, 1e2)
+SCALE_HYPERPRIOR = (0.0, 1.5)
+
+
+class InfiniteWidthKernel(Kernel):
+    r"""The NNGP kernel of an MLP with ``depth`` hidden layers of ``activation`` (``"erf"`` or
+    ``"relu"``), hyperparameters the network's prior scales (each in :data:`SCALE_BOUNDS` under a
+    LogNormal hyperprior, :data:`SCALE_HYPERPRIOR`): ``input_scale``
+    :math:`s` (``(*batch, 1, d)`` with ``ard``, else ``(*batch, 1, 1)``), ``bias_scale``
+    :math:`\sigma_b` (every layer's), ``hidden_scale`` :math:`\sigma_w` (the weights between
+    hidden layers) and ``output_scale`` :math:`\sigma_o` (the last layer's weights); the first
+    layer's weights have scale 1 on the scaled inputs :math:`z = (x - c) \odot s_0 \odot s`, with
+    :math:`c` ``center`` and :math:`s_0` ``base_scale`` fixed (the training inputs' mid-range and
+    2 / range, so that :math:`s = 1` maps them onto [-1, 1])."""
+
+    has_lengthscale = False
+
+    def __init__(self, d: int, *, depth: int = 2, activation: str = "erf", ard: bool = False, center=None, base_scale=None,
+                 batch_shape=torch.Size([]), init: InfiniteWidthMLP = None, **kwargs):
+        super().__init__(batch_shape=batch_shape, **kwargs)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if not (isinstance(depth, int) and depth >= 1):
+            raise ValueError(f"depth must be an integer >= 1 (hidden layers), got {depth!r}")
+        self.activation, self.depth, self.ard = activation, depth, bool(ard)
+        dtype = torch.get_default_dtype() if center is None else center.dtype
+        device = None if center is None else center.device
+        self.register_buffer("center", torch.zeros(d, dtype=dtype, device=device) if center is None else center.clone())
+        self.register_buffer("base_scale", torch.ones(d, dtype=dtype, device=device) if base_scale is None else base_scale.clone())
+        start = dict(input_scale=1.0, bias_scale=1.0, hidden_scale=1.5, output_scale=1.5)
+        if init is not None:  # a given network's prior as the starting point
+            start = dict(input_scale=1.0, bias_scale=math.exp(sum(map(math.log, init.bias_scales)) / len(init.bias_scales)),
+                         hidden_scale=init.weight_scales[1] if depth > 1 else 1.0, output_scale=init.weight_scales[-1])
+        low, high = SCALE_BOUNDS
+        for name, value in start.items():
+            shape = (*batch_shape, 1, d if (name == "input_scale" and self.ard) else 1)
+            constraint = Interval(low, high)
+            value = min(max(float(value), 2 * low), high / 2)
+            raw = constraint.inverse_transform(torch.full(shape, value, dtype=dtype, device=device))
+            self.register_parameter(f"raw_{name}", torch.nn.Parameter(raw))
+            self.register_constraint(f"raw_{name}", constraint)
+            self.register_prior(f"{name}_prior", LogNormalPrior(*SCALE_HYPERPRIOR), lambda module, name=name: module._scale(name))
+
+    def _scale(self, name):
+        return getattr(self, f"raw_{name}_constraint").transform(getattr(self, f"raw_{name}"))
+
+    @property
+    def input_scale(self):
+        return self._scale("input_scale")
+
+    @property
+    def bias_scale(self):
+        return self._scale("bias_scale")
+
+    @property
+    def hidden_scale(self):
+        return self._scale("hidden_scale")
+
+    @property
+    def output_scale(self):
+        return self._scale("output_scale")
+
+    def forward(self, x1, x2, diag: bool = False, last_dim_is_batch: bool = False, **params):
+        if last_dim_is_batch:
+            raise NotImplementedError("InfiniteWidthKernel does not take last_dim_is_batch")
+        scale = self.base_scale * self.input_scale  # (*batch, 1, d)
+        z1 = (x1 - self.center) * scale
+        z2 = (x2 - self.center) * scale
+        one = torch.ones_like(self.bias_scale)
+        weights = [one] + [self.hidden_scale] * (self.depth - 1) + [self.output_scale]
+        biases = [self.bias_scale] * (self.depth + 1)
+        return nngp_covariance(z1, z2, activation=self.activation, weight_scales=weights, bias_scales=biases, diag=diag)
+
+    def network(self, output: int = 0) -> InfiniteWidthMLP:
+        """The finite network's description with these scales (of output ``output`` in a batch
+        of kernels, one per outcome)."""
+        def value(t):
+            t = t.detach()
+            return t.reshape(-1, t.shape[-1])[output] if t.dim() > 2 else t.reshape(-1)
+
+        biases = float(value(self.bias_scale))
+        weights = (1.0,) + (float(value(self.hidden_scale)),) * (self.depth - 1) + (float(value(self.output_scale)),)
+        return InfiniteWidthMLP(self.activation, weights, (biases,) * (self.depth + 1), self.center.detach().clone(),
+                                (self.base_scale * value(self.input_scale)).detach().clone())
+
+
+def _inputs_frame(train_X):
+    """The training inputs' mid-range and 2 / range per feature (1 where a feature is constant)."""
+    low, high = train_X.min(0).values, train_X.max(0).values
+    spread = high - low
+    base = torch.where(spread > 0, 2 / spread.clamp_min(torch.finfo(train_X.dtype).tiny), torch.ones_like(spread))
+    return (low + high) / 2, base
+
+
+def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activation: str = "erf", ard=None,
+                      outcome_transform="standardize", input_transform=None) -> SingleTaskGP:
+    """A ``SingleTaskGP`` with the :class:`InfiniteWidthKernel` of an MLP, its prior scales and
+    noise fitted by the exact marginal likelihood (BoTorch's ``fit_gpytorch_mll``).
+
+    :param model: a :class:`~pyrobnn.models.BayesianModel` whose architecture and prior give the
+        kernel (:func:`~pyrobnn.models.infinite_width.infinite_width_of`: its activation and depth,
+        its scales as the starting point); default: ``depth`` hidden layers of ``activation``.
+    :param ard: one input scale per feature; default: from :data:`ARD_POINTS_PER_FEATURE` points
+        per feature on.
+    :param outcome_transform: ``"standardize"`` (BoTorch's ``Standardize``), a BoTorch outcome
+        transform, or ``None``.
+    """
+    if not isinstance(train_X, torch.Tensor) or train_X.dim() != 2 or train_X.shape[0] < 1:
+        raise ValueError(f"train_X must be an (n, d) tensor with n >= 1, got {getattr(train_X, 'shape', type(train_X).__name__)}")
+    if not isinstance(train_Y, torch.Tensor):
+        raise ValueError(f"train_Y must be a tensor, got {type(train_Y).__name__}")
+    train_Y = train_Y.unsqueeze(-1) if train_Y.dim() == 1 else train_Y
+    if train_Y.dim() != 2 or train_Y.shape[0] != train_X.shape[0]:
+        raise ValueError(f"train_Y must be (n, m) with n = {train_X.shape[0]}, got {tuple(train_Y.shape)}")
+    if not bool(torch.isfinite(train_X).all() and torch.isfinite(train_Y).all()):
+        raise ValueError("train_X and train_Y must be finite")
+    n, d = train_X.shape
+    m = train_Y.shape[-1]
+    init = None
+    if model is not None:
+        init = infinite_width_of(model)
+        depth, activation = init.depth, init.activation
+    if ard is None:
+        ard = n >= ARD_POINTS_PER_FEATURE * d
+    x = train_X
+    if input_transform is not None:
+        input_transform.train()
+        x = input_transform.preprocess_transform(train_X)
+    center, base = _inputs_frame(x)
+    kernel = InfiniteWidthKernel(d, depth=depth, activation=activation, ard=ard, center=center, base_scale=base,
+                                 batch_shape=torch.Size([m]) if m > 1 else torch.Size([]), init=init)
+    if isinstance(outcome_transform, str):
+        if outcome_transform != "standardize":
+            raise ValueError(f"outcome_transform must be a BoTorch OutcomeTransform, 'standardize' or None, got {outcome_transform!r}")
+        outcome_transform = Standardize(m=m)
+    gp = SingleTaskGP(train_X, train_Y, covar_module=kernel, outcome_transform=outcome_transform, input_transform=input_transform)
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+    return gp.eval()
+
+
+def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation: str = "erf", ard=None):
+    r"""A :class:`~pyrobnn.models.BayesianModel` for ``(train_X, train_Y)`` (in the units it will
+    be fitted in: BO surrogates fit standardized outcomes) whose prior was chosen by the data:
+    :func:`infinite_width_gp` fitted without an outcome transform, its scales as the weight
+    priors of a network ``InputScaling -> (Linear, activation) x depth -> Linear`` with ``width``
+    units (:meth:`InfiniteWidthMLP.bayesian_model`) and its noise standard deviation as the
+    Gaussian likelihood's fixed scale (BoTorch's floor, a variance of 1e-4, holds it off zero on
+    noiseless objectives). With several outcomes, the scales are the geometric means of the
+    per-outcome fits (the network's hidden layers are shared)."""
+    if not (isinstance(width, int) and width >= 1):
+        raise ValueError(f"width must be a positive integer, got {width!r}")
+    gp = infinite_width_gp(train_X, train_Y, depth=depth, activation=activation, ard=ard, outcome_transform=None)
+    kernel = gp.covar_module
+    nets = [kernel.network(i) for i in range(train_Y.shape[-1] if train_Y.dim() == 2 else 1)]
+
+    def geometric(values):
+        return math.exp(sum(math.log(v) for v in values) / len(values))
+
+    first = nets[0]
+    net = InfiniteWidthMLP(
+        activation,
+        tuple(geometric([n.weight_scales[i] for n in nets]) for i in range(len(first.weight_scales))),
+        tuple(geometric([n.bias_scales[i] for n in nets]) for i in range(len(first.bias_scales))),
+        first.input_center,
+        torch.exp(torch.stack([n.input_scale.log() for n in nets]).mean(0)),
+    )
+    noise = float(gp.likelihood.noise.detach().log().mean().exp().sqrt())
+    m = train_Y.shape[-1] if train_Y.dim() == 2 else 1
+    likelihood = GaussianLikelihood(scale=noise)
+    return net.bayesian_model(likelihood, out_features=m, width=width, dtype=train_X.dtype)

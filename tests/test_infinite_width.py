@@ -1,0 +1,186 @@
+"""The infinite-width limit of a fully connected BNN (pyrobnn.models.infinite_width) and its GP
+(pyrobnn.integrations.infinite_width_gp).
+
+Oracles: the closed-form expectations E[phi(u) phi(v)] against Gauss-Hermite quadrature over the
+bivariate Gaussian; with one hidden layer the output covariance of a finite network under its
+prior is the NNGP kernel at every width (the output is a sum of independent terms whose second
+moment the kernel states), so the empirical covariance of prior draws of the finite network that
+:meth:`InfiniteWidthMLP.bayesian_model` builds must match it within Monte Carlo error; the GPyTorch
+kernel equals the description it hands to the finite network."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import pyrobnn
+from pyrobnn.models.infinite_width import Erf, InfiniteWidthMLP, InputScaling, activation_expectation, infinite_width_of
+
+
+def quadrature_expectation(kxx, kxy, kyy, order=80):
+    """E[erf(u) erf(v)] by Gauss-Hermite quadrature: u = a z1, v = b (r z1 + sqrt(1 - r^2) z2)."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(order)
+    z1, z2 = np.meshgrid(nodes, nodes, indexing="ij")
+    w = np.outer(weights, weights) / (2 * math.pi)
+    a, b = math.sqrt(kxx), math.sqrt(kyy)
+    r = kxy / (a * b)
+    u, v = a * z1, b * (r * z1 + math.sqrt(1 - r * r) * z2)
+    erf = np.vectorize(math.erf)
+    return float((w * erf(u) * erf(v)).sum())
+
+
+COVARIANCES = [(1.0, 0.3, 2.0), (0.2, -0.1, 0.5), (3.0, 2.9, 3.0), (1.5, 0.0, 0.7)]
+
+
+def closed_form(activation, kxx, kxy, kyy):
+    return float(activation_expectation(activation, *(torch.tensor(v, dtype=torch.float64) for v in (kxx, kxy, kyy))))
+
+
+@pytest.mark.parametrize("kxx, kxy, kyy", COVARIANCES)
+def test_erf_expectation_matches_quadrature(kxx, kxy, kyy):
+    # smooth: Gauss-Hermite of order 80 is accurate to about 1e-8 at a correlation of 0.97
+    assert closed_form("erf", kxx, kxy, kyy) == pytest.approx(quadrature_expectation(kxx, kxy, kyy), abs=1e-7)
+
+
+@pytest.mark.parametrize("kxx, kxy, kyy", COVARIANCES)
+def test_relu_expectation_matches_monte_carlo(kxx, kxy, kyy):
+    # the kink defeats quadrature; 2M draws, within 5 standard errors
+    g = torch.Generator().manual_seed(0)
+    cov = torch.tensor([[kxx, kxy], [kxy, kyy]], dtype=torch.float64)
+    uv = torch.randn(2_000_000, 2, generator=g, dtype=torch.float64) @ torch.linalg.cholesky(cov).T
+    products = uv.clamp_min(0).prod(-1)
+    se = float(products.std()) / math.sqrt(products.numel())
+    assert abs(closed_form("relu", kxx, kxy, kyy) - float(products.mean())) < 5 * se
+
+
+def description(activation, depth=1, d=3):
+    return InfiniteWidthMLP(activation, (1.3,) + (1.7,) * (depth - 1) + (0.8,), (0.4,) * depth + (0.6,),
+                            torch.tensor([0.5, -1.0, 0.2][:d], dtype=torch.float64), torch.tensor([2.0, 0.5, 1.5][:d], dtype=torch.float64))
+
+
+def prior_draws(model, x, draws, seed=0, chunk=500):
+    """``draws`` networks drawn from ``model``'s weight priors, evaluated at ``x``: ``(draws, n)``."""
+    g = torch.Generator().manual_seed(seed)
+    call = torch.func.vmap(lambda p: torch.func.functional_call(model.net, p, (x,)))
+    out = []
+    for start in range(0, draws, chunk):
+        size = min(chunk, draws - start)
+        params = {}
+        for site in model.sites:
+            scale = model.site_prior(site).site_scale(site)
+            params[site.name] = scale * torch.randn((size,) + tuple(site.shape), generator=g, dtype=torch.float64)
+        out.append(call(params).squeeze(-1))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("activation", ["erf", "relu"])
+def test_one_hidden_layer_networks_prior_covariance_is_the_kernel_at_any_width(activation):
+    net = description(activation)
+    model = net.bayesian_model(pyrobnn.GaussianLikelihood(scale=0.1), width=16)
+    x = torch.tensor([[0.1, 0.9, -0.3], [1.2, -0.4, 0.0], [0.5, 0.5, 0.5]], dtype=torch.float64)
+    f = prior_draws(model, x, 200_000)
+    products = f.unsqueeze(-1) * f.unsqueeze(-2)  # zero prior mean: E[f f'] is the covariance
+    empirical, se = products.mean(0), products.std(0) / math.sqrt(f.shape[0])
+    kernel = net.covariance(x)
+    assert ((empirical - kernel).abs() < 5 * se).all(), (empirical, kernel, se)
+    torch.testing.assert_close(net.covariance(x, diag=True), kernel.diagonal())
+
+
+@pytest.mark.slow
+def test_deeper_networks_approach_the_kernel_as_they_widen():
+    """Two hidden layers: the finite network's covariance carries a bias of order 1 / width; at
+    width 256 it is within Monte Carlo error of the limit plus 2%."""
+    net = description("erf", depth=2)
+    model = net.bayesian_model(pyrobnn.GaussianLikelihood(scale=0.1), width=256)
+    x = torch.tensor([[0.1, 0.9, -0.3], [1.2, -0.4, 0.0]], dtype=torch.float64)
+    f = prior_draws(model, x, 20_000, seed=1)
+    products = f.unsqueeze(-1) * f.unsqueeze(-2)
+    empirical, se = products.mean(0), products.std(0) / math.sqrt(f.shape[0])
+    kernel = net.covariance(x)
+    assert ((empirical - kernel).abs() < 5 * se + 0.02 * kernel.abs()).all(), (empirical, kernel, se)
+
+
+def test_the_description_round_trips_through_the_bayesian_model():
+    net = description("relu", depth=2)
+    model = net.bayesian_model(pyrobnn.GaussianLikelihood(scale=0.1), out_features=2, width=8)
+    assert isinstance(model.net[0], InputScaling) and isinstance(model.net[2], nn.ReLU)
+    back = infinite_width_of(model)
+    assert back.activation == "relu" and back.depth == 2
+    assert back.weight_scales == net.weight_scales and back.bias_scales == net.bias_scales
+    torch.testing.assert_close(back.input_scale, net.input_scale)
+    # a plain MLP without input scaling reads as centre 0, scale 1
+    plain = pyrobnn.BayesianModel(nn.Sequential(nn.Linear(3, 4), Erf(), nn.Linear(4, 1)).double(), pyrobnn.GaussianLikelihood(),
+                                  prior=pyrobnn.NormalPrior(1.0, fan_in=True))
+    assert infinite_width_of(plain).weight_scales == (1.0, 1.0)
+
+
+def test_networks_without_this_limit_are_refused_by_name():
+    tanh = pyrobnn.BayesianModel(pyrobnn.MLP(3, 1, hidden=(4,), activation="tanh").double(), pyrobnn.GaussianLikelihood(),
+                                 prior=pyrobnn.NormalPrior(1.0, fan_in=True))
+    with pytest.raises(ValueError, match=r"closed form for one of \('erf', 'relu'\)"):
+        infinite_width_of(tanh)
+    no_fan_in = pyrobnn.BayesianModel(pyrobnn.MLP(3, 1, hidden=(4,)).double(), pyrobnn.GaussianLikelihood(), prior=pyrobnn.NormalPrior(1.0))
+    with pytest.raises(ValueError, match="fan_in=True on weights"):
+        infinite_width_of(no_fan_in)
+    with pytest.raises(ValueError, match="nn.Sequential"):
+        infinite_width_of(pyrobnn.BayesianModel(nn.Linear(3, 1), pyrobnn.GaussianLikelihood()))
+    with pytest.raises(ValueError, match="positive and finite"):
+        InfiniteWidthMLP("erf", (1.0, 0.0), (1.0, 1.0), torch.zeros(2), torch.ones(2))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        InfiniteWidthMLP("tanh", (1.0, 1.0), (1.0, 1.0), torch.zeros(2), torch.ones(2))
+
+
+botorch = pytest.importorskip("botorch", reason="the infinite-width GP needs the bo extra: pip install 'pyrobnn[bo]'")
+
+from pyrobnn.integrations.infinite_width_gp import SCALE_BOUNDS, InfiniteWidthKernel, calibrated_model, infinite_width_gp  # noqa: E402
+
+
+def toy(n=30, d=2, seed=0, m=1):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=torch.float64)
+    Y = torch.sin(5 * X[:, :1]) + X[:, 1:2] ** 2
+    return X, torch.cat([Y * (k + 1) for k in range(m)], -1)
+
+
+def test_the_kernel_is_the_description_it_hands_to_the_finite_network():
+    X, _ = toy()
+    kernel = InfiniteWidthKernel(2, depth=2, ard=True, center=torch.full((2,), 0.5, dtype=torch.float64),
+                                 base_scale=torch.full((2,), 2.0, dtype=torch.float64))
+    with torch.no_grad():
+        kernel.raw_input_scale.copy_(torch.tensor([[0.3, -0.7]], dtype=torch.float64))
+        kernel.raw_output_scale.fill_(1.1)
+    dense = kernel(X).to_dense()
+    torch.testing.assert_close(dense, kernel.network().covariance(X), rtol=1e-12, atol=1e-12)
+    assert torch.linalg.eigvalsh(dense).min() > -1e-10  # a covariance
+
+
+def test_infinite_width_gp_fits_and_predicts_in_bounds():
+    X, Y = toy()
+    gp = infinite_width_gp(X, Y)
+    x = torch.rand(200, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    truth = torch.sin(5 * x[:, :1]) + x[:, 1:] ** 2
+    with torch.no_grad():
+        post = gp.posterior(x, observation_noise=True)
+        z = (truth - post.mean) / post.variance.sqrt()
+        nll = float((0.5 * torch.log(2 * math.pi * post.variance) + 0.5 * z**2).mean())
+    assert nll < -1.0  # a smooth 2-D function from 30 points: far better than the outcomes' spread (NLL ~0.6)
+    k = gp.covar_module
+    for scale in (k.input_scale, k.bias_scale, k.hidden_scale, k.output_scale):
+        assert bool(((scale >= SCALE_BOUNDS[0]) & (scale <= SCALE_BOUNDS[1])).all())
+    assert k.ard == (30 >= 10 * 2)
+
+
+def test_several_outcomes_fit_one_kernel_each_and_the_network_takes_their_geometric_mean():
+    X, Y = toy(m=2)
+    gp = infinite_width_gp(X, Y, outcome_transform=None)
+    assert gp.covar_module.batch_shape == torch.Size([2]) and gp.posterior(X[:3]).mean.shape == (3, 2)
+    model = calibrated_model(X, Y, width=8)
+    per_outcome = [gp.covar_module.network(i).weight_scales[-1] for i in range(2)]
+    assert infinite_width_of(model).weight_scales[-1] == pytest.approx(math.sqrt(per_outcome[0] * per_outcome[1]), rel=1e-9)
+    assert model.net[-1].out_features == 2
+    with pytest.raises(ValueError, match="train_Y must be"):
+        infinite_width_gp(X, Y[:5])
+    with pytest.raises(ValueError, match="width must be"):
+        calibrated_model(X, Y, width=0)
