@@ -36,7 +36,11 @@ import torch
 QUICK = dict(problems=["branin", "hartmann6"], seeds=2, n_init=6, q=2, steps=5, num_restarts=2, raw_samples=64, num_samples=16)
 FULL = dict(problems=["branin", "hartmann6", "ackley10", "levy20"], seeds=3, n_init=10, q=4, steps=8, num_restarts=4,
             raw_samples=256, num_samples=32)
-METHODS = ["random", "gp", "laplace_bayesopt", "nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"]
+#: the baselines, and the surrogates fitted as GPs (no warm refit): the infinite-width BNN is
+#: pyrobnn's (a GP with the network's prior, pyrobnn.integrations.infinite_width_gp)
+BASELINES = ("random", "gp", "laplace_bayesopt")
+GP_FITTED = ("gp", "infinite_width")
+METHODS = ["random", "gp", "infinite_width", "laplace_bayesopt", "nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"]
 
 #: the pyrobnn methods' options at each budget (merged over each method's bo_options in pyrobnn.methods)
 OPTIONS = {
@@ -128,6 +132,10 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
 
                 model = SingleTaskGP(X, Y)
                 fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+            elif method == "infinite_width":
+                from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
+
+                model = infinite_width_gp(X, Y)
             elif method == "laplace_bayesopt":
                 model = laplace_bayesopt_model(X, Y)
             else:
@@ -233,7 +241,7 @@ def main(argv=None):
             settings[key] = getattr(args, key)
     if args.raw_samples is not None:
         settings["raw_samples"] = args.raw_samples
-    pyrobnn_methods = [m for m in args.methods if m not in ("random", "gp", "laplace_bayesopt")]
+    pyrobnn_methods = [m for m in args.methods if m not in BASELINES + GP_FITTED]
     jobs = [(p, m, s, False) for p in settings["problems"] for m in args.methods for s in range(settings["seeds"])]
     if args.cold_arm:
         jobs += [(settings["problems"][0], m, s, True) for m in pyrobnn_methods for s in range(settings["seeds"])]
@@ -358,7 +366,7 @@ def summarize(records, settings, methods):
         warm_refit_speedup[m] = round(median(values), 2)
         print(f"  {m:17s} {warm_refit_speedup[m]:.1f}x")
     for m in methods:
-        if m not in ("random", "gp", "laplace_bayesopt") and m not in warm_refit_speedup:
+        if m not in BASELINES + GP_FITTED and m not in warm_refit_speedup:
             warm_refit_speedup[m] = None
             print(f"  {m:17s} refits cold (no warm start for this method)")
     if cold_arm:
@@ -385,7 +393,7 @@ def acceptance(regret, speedup, seconds, memory, methods):
     """``(statement, holds)`` for each criterion, read from this run's medians."""
     out = []
     problems = list(regret)
-    ours = [m for m in methods if m not in ("random", "gp", "laplace_bayesopt")]
+    ours = [m for m in methods if m not in BASELINES]
     for m in ours:
         rows = [(p, regret[p].get(m), regret[p].get("random")) for p in problems]
         rows = [(p, a, b) for p, a, b in rows if a is not None and b is not None]

@@ -18,7 +18,9 @@ The problems are split once, before any default is chosen: the **development** s
 benchmark's Branin, Hartmann-6, Ackley-10, Levy-20) is where defaults may be tuned; the
 **held-out** set (Rosenbrock-5, Levy-4, Griewank-8, Styblinski-Tang-10) is only reported. The
 pyrobnn surrogates are ``fit_surrogate(X, Y, method)`` with the BO benchmark's options at its
-budget. The last line printed is one JSON object: per problem, n and method the median NLL and
+budget (their default network: its prior chosen by the data at every fit); ``infinite_width`` is
+that network's infinite-width GP (:func:`pyrobnn.integrations.infinite_width_gp.infinite_width_gp`).
+The last line printed is one JSON object: per problem, n and method the median NLL and
 coverage over seeds with their range, and each method's NLL over the GP's.
 """
 
@@ -42,9 +44,10 @@ HELD_OUT = ["rosenbrock5", "levy4", "griewank8", "styblinskitang10"]
 N_TEST = 500
 Z90 = 1.6448536269514722  # the 95% quantile of N(0, 1): a central 90% interval
 
-QUICK = dict(problems=["branin", "rosenbrock5"], sizes=[10, 20], seeds=2, methods=["gp", "laplace", "deep_ensemble", "nuts"], num_samples=16)
+QUICK = dict(problems=["branin", "rosenbrock5"], sizes=[10, 20], seeds=2, methods=["gp", "infinite_width", "laplace", "deep_ensemble", "nuts"],
+             num_samples=16)
 FULL = dict(problems=DEVELOPMENT + HELD_OUT, sizes=[10, 20, 50, 100], seeds=5,
-            methods=["gp", "laplace", "deep_ensemble", "nuts", "mclmc", "ivon", "swag"], num_samples=32)
+            methods=["gp", "infinite_width", "laplace", "deep_ensemble", "nuts", "mclmc", "ivon", "swag"], num_samples=32)
 
 
 def problem(name):
