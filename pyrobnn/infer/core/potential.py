@@ -98,6 +98,16 @@ class FlatPotential:
             raise ValueError(f"the sites hold different numbers of chains: {sorted(chains)}")
         return torch.cat(blocks, 1)
 
+    def log_weight_prior(self, w):
+        """``log p(w)`` per row of ``w`` ``(rows, dim)``, over the weight sites only (the latent
+        sites' blocks are not read): e.g. at ``z - anchors`` for the anchored (randomized MAP)
+        objective of :mod:`pyrobnn.infer.modes.ensemble`."""
+        rows = w.shape[0]
+        log_p = torch.zeros(rows, dtype=w.dtype, device=w.device)
+        for site, prior, (_, start, stop, _) in zip(self.sites, self.priors, self.blocks):
+            log_p = log_p + prior.log_prob(w[:, start:stop].reshape((rows,) + tuple(site.shape)))
+        return log_p
+
     def log_joint_terms(self, z, x=None, y=None, batched_inputs: bool = False):
         r"""``(log p(w) + log|J|, log p(y | x, w))`` per chain, each of shape ``(chains,)``.
 

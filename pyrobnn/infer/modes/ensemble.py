@@ -12,9 +12,16 @@ members and AdamW acts element-wise, each member follows exactly the path it wou
 The objective per member is either the negative log joint (``objective="map"``: the model's
 prior, and the log-Jacobian of any constrained latent site, plus the likelihood, MAP in the
 unconstrained space) or the negative log-likelihood alone (``"likelihood"``; AdamW's weight
-decay is then the only regularizer, as in the MILE protocol). Both are divided by the number of
-training points, so that learning rates mean the same at any data size; minibatches scale the
-likelihood by :math:`N / B`.
+decay is then the only regularizer, as in the MILE protocol), or the **anchored** (randomized MAP)
+objective ``"anchored"``: member :math:`k` draws an anchor :math:`a_k \sim p(w)` from the
+Gaussian prior and perturbed targets :math:`\tilde y_k = y + \sigma \epsilon_k`,
+:math:`\epsilon_k \sim N(0, I)`, and minimizes :math:`-\log N(\tilde y_k; f(x, w), \sigma^2) -
+\log p(w - a_k)`. For a model linear in its weights each member is then an exact, independent
+draw of the posterior (perturb-and-MAP: Papandreou & Yuille 2010; randomized prior functions:
+Osband et al. 2018, NeurIPS; anchored ensembles: Pearce et al. 2020, AISTATS), so away from the
+data the members disagree as much as the prior does; a MAP ensemble's members agree there and are
+over-confident. All three are divided by the number of training points, so that learning rates
+mean the same at any data size; minibatches scale the likelihood by :math:`N / B`.
 
 Ensemble-initialized sampling (Sommer et al. 2024, ICML, "Connecting the dots"; Sommer et al.
 2025, ICLR, MILE) then starts one sampling chain at each member: the chains begin in regions of
@@ -38,11 +45,13 @@ from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_ro
 from pyrobnn.infer.core.starts import initial_positions, member_initializations
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register, scaled_budget
+from pyrobnn.models.likelihoods import GaussianLikelihood
+from pyrobnn.models.priors import NormalPrior
 from pyrobnn.utils.constraints import Budget, Either, Interval, NonNegative, OneOf, Positive, PositiveInt
 from pyrobnn.utils.progress import tqdm
 from pyrobnn.utils.validation import validate_training_data
 
-__all__ = ["EnsemblePosterior", "deep_ensemble", "train_members", "warm_map"]
+__all__ = ["EnsemblePosterior", "deep_ensemble", "train_members", "warm_map", "anchored_log_joint", "anchored_refusal", "anchored_draws"]
 
 
 @dataclass
@@ -110,8 +119,12 @@ def train_members(
     seed: int = 0,
     progress: bool = True,
     checkpoint=None,
+    anchors=None,
+    targets=None,
 ):
     """Train the members ``z_init`` (``(K, dim)``) with AdamW in one batched computation.
+    ``objective="anchored"`` takes each member's anchor ``anchors`` ``(K, dim)`` and perturbed
+    targets ``targets`` ``(K, *y.shape)`` (:func:`anchored_draws`).
 
     Every epoch visits the training points in a fresh random order (the same for all members,
     from ``seed``), in minibatches of ``batch_size`` (all points if ``None``). With validation
@@ -165,7 +178,10 @@ def train_members(
                 for idx in loop.epoch_batches():
                     if checkpoint is not None and checkpoint.stop_overdue():
                         raise checkpoint.interrupted(epoch, "epochs")
-                    per_member = -minibatch_log_joint(potential, z, x[idx], y[idx], n, prior=objective == "map") / n
+                    if objective == "anchored":
+                        per_member = -anchored_log_joint(potential, z, anchors, x[idx], targets[:, idx], n) / n
+                    else:
+                        per_member = -minibatch_log_joint(potential, z, x[idx], y[idx], n, prior=objective == "map") / n
                     optimizer.zero_grad(set_to_none=True)
                     per_member.sum().backward()
                     loop.optimizer_step(optimizer, per_member, [z])
@@ -199,6 +215,44 @@ def train_members(
     return best, stats, torch.stack(history)
 
 
+def anchored_log_joint(potential, z, anchors, x, targets, dataset_size: int):
+    r"""Per member :math:`k`, :math:`\log p(z_k - a_k) + \frac{N}{B} \sum_{n \in \mathcal B}
+    \log N(\tilde y_{kn}; f(x_n, z_k), \sigma^2)`: the anchored (randomized MAP) log joint of the
+    batch ``x`` with each member's own perturbed targets ``targets`` ``(K, B, ...)``."""
+    members = z.shape[0]
+    _, log_lik = potential.log_joint_terms(z, x.expand((members,) + tuple(x.shape)), targets, batched_inputs=True)
+    return potential.log_weight_prior(z - anchors) + (dataset_size / x.shape[0]) * log_lik
+
+
+def anchored_refusal(model):
+    """Why ``objective="anchored"`` cannot run on ``model`` (``None`` when it can): its anchors are
+    draws of zero-mean Gaussian weight priors and its target noise the likelihood's fixed
+    Gaussian noise scale."""
+    if not isinstance(model.likelihood, GaussianLikelihood) or model.likelihood.noise_kind != "fixed":
+        return ("objective='anchored' perturbs the targets with the likelihood's noise: it needs a GaussianLikelihood with a fixed "
+                f"scale, got {type(model.likelihood).__name__} ({getattr(model.likelihood, 'noise_kind', 'no noise scale')})")
+    others = [s.name for s in model.sites if not isinstance(model.site_prior(s), NormalPrior)]
+    if others:
+        return f"objective='anchored' draws its anchors from zero-mean Gaussian priors: the sites {others} have other priors"
+    return None
+
+
+def anchored_draws(model, potential, y, members: int, seed: int):
+    """Each member's anchor (a draw of the weight priors, ``(K, dim)``) and perturbed targets
+    (``y`` plus the noise scale times standard normals, ``(K, *y.shape)``), drawn on the host
+    under ``seed`` (the same on every device) and moved to the model's."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dtype, device = model.dtype, model.device
+    blocks = []
+    for site in potential.sites:
+        scale = model.site_prior(site).site_scale(site)
+        blocks.append(scale * torch.randn((members, site.shape.numel()), generator=g, dtype=dtype, device="cpu"))
+    anchors = torch.cat(blocks, 1).to(device)
+    noise = model.likelihood.scale().detach().to("cpu", dtype)
+    targets = y.to("cpu", dtype) + noise * torch.randn((members,) + tuple(y.shape), generator=g, dtype=dtype, device="cpu")
+    return anchors, targets.to(device)
+
+
 @checked("deep_ensemble")
 def deep_ensemble(
     model,
@@ -227,8 +281,10 @@ def deep_ensemble(
         ``(x, y)`` to hold out for it (a seeded random subset); with neither, members train for
         ``max_epochs``.
     :param y_val: see ``x_val``.
-    :param objective: ``"map"`` (log joint: the model's prior and likelihood) or
-        ``"likelihood"`` (the likelihood alone); see the module docstring.
+    :param objective: ``"map"`` (log joint: the model's prior and likelihood),
+        ``"likelihood"`` (the likelihood alone) or ``"anchored"`` (randomized MAP: each member
+        its own prior draw as the prior's centre and its own perturbed targets; a Gaussian
+        likelihood with a fixed noise scale and Normal priors); see the module docstring.
     :param lr: AdamW's learning rate, on the objective divided by the number of training points.
     :param batch_size: points per minibatch (``None``: all of them, full batch).
     :param max_epochs: the most epochs a member trains.
@@ -263,6 +319,8 @@ def deep_ensemble(
     checkpointing = Checkpointing.of(checkpoint)
     held_out = "x_val, y_val" if x_val is not None else validation
     x, y = validate_training_data(model, x, y)
+    if objective == "anchored" and (reason := anchored_refusal(model)) is not None:
+        raise ValueError(reason)
     if validation:
         n_val = max(1, round(validation * x.shape[0]))
         if n_val >= x.shape[0]:
@@ -293,15 +351,23 @@ def deep_ensemble(
                 return None
             return RunCheckpoint.of_run(checkpointing.with_suffix(suffix), "deep ensemble", options, model, (x, y_checked, x_val, y_val), rows)
 
+        anchors = targets = None
+        if objective == "anchored":
+            anchors, targets = anchored_draws(model, potential, y_checked, num_members, seed)
         if num_processes == 1:
             z, stats, history = train_members(
-                potential, z0, x, y_checked, x_val, y_val, progress=progress, checkpoint=run_checkpoint(z0), **options
+                potential, z0, x, y_checked, x_val, y_val, progress=progress, checkpoint=run_checkpoint(z0), anchors=anchors,
+                targets=targets, **options
             )
         else:
             groups = split_rows(z0, num_processes)
+            parts = [(None, None)] * len(groups)
+            if anchors is not None:  # each group its members' anchors and targets
+                parts = list(zip(split_rows(anchors, num_processes), split_rows(targets, num_processes)))
             calls = [
-                ((potential, g, x, y_checked, x_val, y_val), dict(options, progress=False, checkpoint=run_checkpoint(g, f".group{i}-of-{len(groups)}")))
-                for i, g in enumerate(groups)
+                ((potential, g, x, y_checked, x_val, y_val),
+                 dict(options, progress=False, checkpoint=run_checkpoint(g, f".group{i}-of-{len(groups)}"), anchors=a, targets=t))
+                for i, (g, (a, t)) in enumerate(zip(groups, parts))
             ]
             results = run_in_processes(train_members, calls, progress=progress, desc=f"deep ensemble, {len(groups)} processes")
             z = torch.cat([r[0] for r in results], 0)
@@ -309,7 +375,7 @@ def deep_ensemble(
             history = _join_histories([r[2] for r in results], [r[1]["val_nll" if x_val is not None else "train_loss"] for r in results])
         seconds = time.perf_counter() - start
         samples = potential.unpack_draws(z.detach().unsqueeze(1))
-    label = "deep ensemble (MAP)" if objective == "map" else "deep ensemble (likelihood)"
+    label = {"map": "deep ensemble (MAP)", "likelihood": "deep ensemble (likelihood)", "anchored": "deep ensemble (anchored, randomized MAP)"}[objective]
     settings = dict(
         num_members=num_members, validation=held_out, num_processes=num_processes, **options,
         init=init,
@@ -349,11 +415,13 @@ register(MethodSpec(
     "deep_ensemble", "deep ensemble: members trained as one batched computation", "ensemble", deep_ensemble, latent_only_support(),
     budgets={"num_members": 1, "max_epochs": 1, "patience": 1, "batch_size": 1},
     constraints={
-        "batch_size": Either(Budget(1), None), "validation": Interval(0.0, 1.0, "left", "a fraction"), "objective": OneOf(("map", "likelihood")),
+        "batch_size": Either(Budget(1), None), "validation": Interval(0.0, 1.0, "left", "a fraction"), "objective": OneOf(("map", "likelihood", "anchored")),
         "lr": Positive(), "weight_decay": NonNegative(), "num_processes": PositiveInt(),
     },
     rules=(_validation_data,),
     quick={"num_members": 2, "max_epochs": 2, "progress": False},
-    bo_options=dict(num_members=8, max_epochs=1000, lr=1e-2, batch_size=None, patience=1000),
+    # as a surrogate: anchored members disagree away from the data as the prior does, where MAP
+    # members agree (benchmarks/bo_calibration.py); the calibrated default model fits its needs
+    bo_options=dict(num_members=8, max_epochs=1000, lr=1e-2, batch_size=None, patience=1000, objective="anchored"),
     warm_start=WarmStart(init="init", count="num_members", scaled=("max_epochs",)),
 ))
