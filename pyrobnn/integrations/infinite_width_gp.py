@@ -55,6 +55,7 @@ ARD_POINTS_PER_FEATURE = 10
 #: scale to 0 or to the thousands (on Hartmann-6 at n = 20: biases 0, hidden weights 2236), which
 #: no finite network can take as its prior
 SCALE_BOUNDS = (1e-2, 1e2)
+#: the (location, scale) of the LogNormal hyperprior on every prior scale of the kernel
 SCALE_HYPERPRIOR = (0.0, 1.5)
 
 
