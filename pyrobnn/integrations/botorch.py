@@ -1,7 +1,10 @@
 r"""Every pyrobnn posterior as a BoTorch surrogate for Bayesian optimization.
 
 :func:`fit_surrogate` fits a :class:`~pyrobnn.models.BayesianModel` to ``(train_X, train_Y)``
-with any registered method (:mod:`pyrobnn.methods`) and returns a BoTorch ``Model``:
+with any registered method (:mod:`pyrobnn.methods`) and returns a BoTorch ``Model``. Unless a
+model is given, its prior is chosen by the data at every fit: the scales and noise that maximize
+the marginal likelihood of the network's infinite-width limit
+(:func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model`). The surrogates:
 
 - :class:`PosteriorSurrogate` (every method): BoTorch's ``EnsembleModel`` over ``S`` weight
   draws of the result, :math:`f_s(x) = f(x, w_s)`. Each member is one whole function (the same
@@ -636,7 +639,7 @@ def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
 
 
 def _width(model) -> int:
-    """The hidden width of a :func:`default_model`-shaped network (its second linear layer's inputs)."""
+    """The hidden width of a :func:`default_model`-shaped network (its first linear layer's outputs)."""
     return model.net[1].out_features
 
 
