@@ -230,10 +230,12 @@ def anchored_refusal(model):
     Gaussian noise scale."""
     if not isinstance(model.likelihood, GaussianLikelihood) or model.likelihood.noise_kind != "fixed":
         return ("objective='anchored' perturbs the targets with the likelihood's noise: it needs a GaussianLikelihood with a fixed "
-                f"scale, got {type(model.likelihood).__name__} ({getattr(model.likelihood, 'noise_kind', 'no noise scale')})")
+                f"scale, got {type(model.likelihood).__name__} ({getattr(model.likelihood, 'noise_kind', 'no noise scale')}); "
+                "objective='map' trains MAP members instead")
     others = [s.name for s in model.sites if not isinstance(model.site_prior(s), NormalPrior)]
     if others:
-        return f"objective='anchored' draws its anchors from zero-mean Gaussian priors: the sites {others} have other priors"
+        return (f"objective='anchored' draws its anchors from zero-mean Gaussian priors: the sites {others} have other priors; "
+                "objective='map' trains MAP members instead")
     return None
 
 
