@@ -343,3 +343,25 @@ def test_anchored_objective_refuses_what_it_cannot_perturb():
     mixture = pyrobnn.BayesianModel(nn.Linear(3, 1).double(), pyrobnn.GaussianLikelihood(scale=0.5), pyrobnn.ScaleMixturePrior())
     with pytest.raises(ValueError, match="zero-mean Gaussian priors"):
         pyrobnn.deep_ensemble(mixture, X, y, objective="anchored", num_members=2, max_epochs=2, progress=False)
+
+
+@pytest.mark.parametrize("case", ["targets_1d", "several_outputs", "float64", "dropout", "custom_forward", "numpy", "noise_prior", "cnn",
+                                  "scale_mixture_prior"])
+def test_anchored_members_run_on_the_conformance_cases_or_are_refused_by_name(case):
+    """The anchored objective on pyrobnn.testing's cases: it runs (finite predictions of the
+    likelihood's shape) on every Gaussian fixed-noise one, a user's Dropout network and custom
+    forward, NumPy data and float64 included, and refuses the others before training."""
+    from pyrobnn import testing
+    from pyrobnn.infer.modes.ensemble import anchored_refusal
+
+    model, x, y, x_test, _ = testing.build_case(case, "deep_ensemble")
+    reason = anchored_refusal(model)
+    if reason is not None:
+        assert case in ("noise_prior", "cnn", "scale_mixture_prior")
+        with pytest.raises(ValueError, match="objective='anchored'"):
+            pyrobnn.deep_ensemble(model, x, y, num_members=2, max_epochs=2, objective="anchored", progress=False)
+        return
+    result = pyrobnn.deep_ensemble(model, x, y, num_members=3, max_epochs=5, objective="anchored", progress=False)
+    pred = result.predict(x_test, seed=0)
+    assert torch.isfinite(torch.as_tensor(pred.mean)).all()
+    assert result.method == "deep ensemble (anchored, randomized MAP)"
