@@ -403,7 +403,7 @@ class LaplaceSurrogate(Surrogate, Model):
                 mean = _locations(model, mean)
                 Js = Js[:, :m]
                 Js = Js.reshape(c, q, m, -1)
-                cov = _joint_covariances(la, Js.reshape(c, q * m, -1))
+                cov = _joint_covariances(la, Js.reshape(c, q * m, -1), self._full_covariance())
                 means.append(mean.reshape(c, q, m))
                 covs.append(cov)
         mean = torch.cat(means).to(X.dtype)
@@ -426,6 +426,18 @@ class LaplaceSurrogate(Surrogate, Model):
             raise UnsupportedError("output_indices: a Laplace surrogate's posterior covers all outcomes jointly")
         return posterior if posterior_transform is None else posterior_transform(posterior)
 
+    def _full_covariance(self):
+        """A full Laplace's posterior covariance, formed once: laplace-torch's
+        ``posterior_covariance`` multiplies its P x P scale factors at every access (seconds at
+        P = 3000, at every step of an acquisition's optimizer); ``None`` for another structure."""
+        from laplace.baselaplace import FullLaplace
+
+        if not isinstance(self.result.approximation, FullLaplace):
+            return None
+        if getattr(self, "_covariance", None) is None:
+            self._covariance = self.result.approximation.posterior_covariance.detach()
+        return self._covariance
+
     def _noise_variance(self):
         result = self.result
         if result.latent_names:
@@ -433,16 +445,18 @@ class LaplaceSurrogate(Surrogate, Model):
         return result.model.likelihood.scale().detach() ** 2
 
 
-def _joint_covariances(la, Js):
+def _joint_covariances(la, Js, full_covariance=None):
     """:math:`J_b \\Sigma J_b^\\top` for each batch ``b`` of Jacobians ``Js`` ``(c, q m, P)``:
     laplace-torch's ``functional_covariance``, batched over ``b`` for its full, diagonal and
-    Kronecker-factored posteriors (one product instead of ``c``), looped for any other."""
+    Kronecker-factored posteriors (one product instead of ``c``), looped for any other; a full
+    posterior's :math:`\\Sigma` is ``full_covariance`` when given (formed once by the caller)."""
     from laplace.baselaplace import DiagLaplace, FullLaplace, KronLaplace
 
     if isinstance(la, KronLaplace):
         return la.posterior_precision.inv_square_form(Js)
     if isinstance(la, FullLaplace):
-        return Js @ la.posterior_covariance @ Js.transpose(-1, -2)
+        sigma = la.posterior_covariance if full_covariance is None else full_covariance
+        return Js @ sigma @ Js.transpose(-1, -2)
     if isinstance(la, DiagLaplace):
         return (Js * la.posterior_variance) @ Js.transpose(-1, -2)
     return torch.stack([la.functional_covariance(J.unsqueeze(1)) for J in Js])
