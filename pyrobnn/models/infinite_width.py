@@ -69,7 +69,8 @@ class InputScaling(nn.Module):
 
     def __init__(self, center: torch.Tensor, scale: torch.Tensor):
         super().__init__()
-        center, scale = torch.as_tensor(center), torch.as_tensor(scale)
+        # numbers become tensors on the default device, as nn.Linear's parameters are made
+        center, scale = (v if isinstance(v, torch.Tensor) else torch.as_tensor(v, device=torch.get_default_device()) for v in (center, scale))
         if center.dim() != 1 or scale.shape not in (center.shape, torch.Size([1])):
             raise ValueError(f"center must be (d,) and scale (d,) or (1,); got {tuple(center.shape)} and {tuple(scale.shape)}")
         if not bool(torch.isfinite(center).all() and torch.isfinite(scale).all() and (scale > 0).all()):
