@@ -208,7 +208,8 @@ def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activ
         raise ValueError(f"width must be a positive integer, got {width!r}")
     gp = infinite_width_gp(train_X, train_Y, depth=depth, activation=activation, ard=ard, outcome_transform=None)
     kernel = gp.covar_module
-    nets = [kernel.network(i) for i in range(train_Y.shape[-1] if train_Y.dim() == 2 else 1)]
+    m = train_Y.shape[-1] if train_Y.dim() == 2 else 1
+    nets = [kernel.network(i) for i in range(m)]
 
     def geometric(values):
         return math.exp(sum(math.log(v) for v in values) / len(values))
@@ -222,6 +223,5 @@ def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activ
         torch.exp(torch.stack([n.input_scale.log() for n in nets]).mean(0)),
     )
     noise = float(gp.likelihood.noise.detach().log().mean().exp().sqrt())
-    m = train_Y.shape[-1] if train_Y.dim() == 2 else 1
     likelihood = GaussianLikelihood(scale=noise)
     return net.bayesian_model(likelihood, out_features=m, width=width, dtype=train_X.dtype)
