@@ -184,3 +184,26 @@ def test_several_outcomes_fit_one_kernel_each_and_the_network_takes_their_geomet
         infinite_width_gp(X, Y[:5])
     with pytest.raises(ValueError, match="width must be"):
         calibrated_model(X, Y, width=0)
+
+
+def test_a_failed_fit_can_restart_from_the_hyperpriors():
+    """BoTorch's ``fit_gpytorch_mll`` restarts a failed optimization from draws of every prior
+    (``sample_all_priors``); the kernel's priors must be settable, the draws kept in bounds (the
+    LogNormal's tails reach past them). Found by the full BO benchmark: a calibration fit on
+    Branin stopped with 'Must provide inverse transform to be able to sample from prior'."""
+    from botorch.optim.utils import sample_all_priors
+
+    X, Y = toy()
+    gp = infinite_width_gp(X, Y)
+    k = gp.covar_module
+    torch.manual_seed(0)
+    seen = []
+    for _ in range(50):
+        sample_all_priors(gp)
+        for scale in (k.input_scale, k.bias_scale, k.hidden_scale, k.output_scale):
+            assert bool(((scale > SCALE_BOUNDS[0]) & (scale < SCALE_BOUNDS[1])).all()) and bool(torch.isfinite(scale).all())
+        seen.append(float(k.output_scale.detach()))
+    assert len(set(seen)) == 50  # each restart a new draw
+    assert max(seen) > 5 and min(seen) < 0.2  # LogNormal(0, 1.5) spans these in 50 draws (each misses with probability 5e-4)
+    k._set_scale("bias_scale", torch.tensor(1e6))  # clamped, not NaN
+    assert float(k.bias_scale) == pytest.approx(0.99 * SCALE_BOUNDS[1])

@@ -96,10 +96,20 @@ class InfiniteWidthKernel(Kernel):
             raw = constraint.inverse_transform(torch.full(shape, value, dtype=dtype, device=device))
             self.register_parameter(f"raw_{name}", torch.nn.Parameter(raw))
             self.register_constraint(f"raw_{name}", constraint)
-            self.register_prior(f"{name}_prior", LogNormalPrior(*SCALE_HYPERPRIOR), lambda module, name=name: module._scale(name))
+            self.register_prior(f"{name}_prior", LogNormalPrior(*SCALE_HYPERPRIOR), lambda module, name=name: module._scale(name),
+                                lambda module, value, name=name: module._set_scale(name, value))
 
     def _scale(self, name):
         return getattr(self, f"raw_{name}_constraint").transform(getattr(self, f"raw_{name}"))
+
+    def _set_scale(self, name, value):
+        """Set a scale (broadcast to its shape), clamped strictly inside its bounds: BoTorch's
+        ``fit_gpytorch_mll`` restarts a failed fit from draws of the hyperpriors, whose tails
+        reach past :data:`SCALE_BOUNDS`."""
+        raw = getattr(self, f"raw_{name}")
+        low, high = SCALE_BOUNDS
+        value = torch.as_tensor(value, dtype=raw.dtype, device=raw.device).clamp(1.01 * low, 0.99 * high)
+        raw.data.copy_(getattr(self, f"raw_{name}_constraint").inverse_transform(value.expand_as(raw)))
 
     @property
     def input_scale(self):
