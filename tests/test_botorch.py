@@ -169,6 +169,43 @@ def test_laplace_covariance_is_laplace_torchs_joint_glm_covariance(surrogates, h
         torch.testing.assert_close(post.distribution.covariance_matrix[b], cov * std**2, rtol=1e-6, atol=1e-8 * std**2)
 
 
+def test_linearized_kernel_is_the_weight_space_posterior():
+    """The function-space form of a full GGN's posterior (Woodbury) against the P x P inverse."""
+    from pyrobnn.infer.modes.laplace import FunctionSpaceLaplace
+
+    g = torch.Generator().manual_seed(0)
+    N, P = 7, 30
+    J = torch.randn(N, P, generator=g, dtype=torch.float64)
+    prior = torch.rand(P, generator=g, dtype=torch.float64) + 0.1
+    noise = 1e-3
+    sigma = torch.linalg.inv(torch.diag(1 / prior) + J.T @ J / noise)
+    Js = torch.randn(3, 4, P, generator=g, dtype=torch.float64)
+    cov = FunctionSpaceLaplace(J, prior, noise).posterior_covariance(Js)
+    torch.testing.assert_close(cov, Js @ sigma @ Js.transpose(-1, -2), rtol=1e-9, atol=1e-11)
+
+
+def test_full_laplace_surrogate_with_two_outcomes_and_an_input_transform_is_laplace_torchs():
+    """The surrogate's function-space covariance over two outcomes, inputs normalized by the
+    surrogate's transform, equals laplace-torch's weight-space joint GLM covariance."""
+    X, Y = data()
+    X = X * 4 - 1  # outside the unit cube: Normalize maps it back
+    Y = torch.cat([Y, -Y ** 2 / 50], -1)
+    s = fit_surrogate(X, Y, "laplace", options=dict(QUICK["laplace"], hessian="full", tune_prior=False), num_samples=8,
+                      input_transform=Normalize(D))
+    assert s._training_kernel() is not None  # the function-space path
+    x = torch.rand(2, 3, D, dtype=torch.float64) * 4 - 1
+    cov = s.posterior(x).distribution.covariance_matrix  # (2, 6, 6), point-major over (point, outcome)
+    la = s.result.approximation
+    std = s.outcome_transform.stdvs.reshape(-1)
+    for b in range(2):
+        with torch.no_grad():
+            _, expected = la(s.input_transform(x[b]), pred_type="glm", joint=True)
+        scale = std.repeat(3)
+        # rounding: the weight-space J Sigma J^T of a P x P inverse (condition number ~2e4 here)
+        # cancels to variances ~1e-4 of the prior's, losing about 8 digits
+        torch.testing.assert_close(cov[b], expected * scale[:, None] * scale[None, :], rtol=1e-7, atol=1e-10 * float(std.max()) ** 2)
+
+
 def test_laplace_samples_form_is_the_linearized_predictive(surrogates):
     s = surrogates["laplace_samples"]
     x = torch.rand(5, D, dtype=torch.float64)

@@ -62,6 +62,30 @@ def test_tuning_the_prior_precision_raises_the_marginal_likelihood():
     assert not torch.allclose(tuned.prior_precision, fixed.prior_precision)
 
 
+@pytest.mark.parametrize("subset", ["all", "last_layer"])
+def test_prior_tuning_in_function_space_is_laplace_torchs(subset):
+    """With fewer training values than weights, a full GGN's prior precisions are tuned with an
+    N x N log determinant (FunctionSpaceLaplace): the same objective and Adam steps as
+    laplace-torch's weight-space ``optimize_prior_precision``, so the same precisions up to
+    rounding; one per site, or one for the last layer."""
+    torch.manual_seed(0)
+    x = torch.randn(12, 2, dtype=torch.float64)
+    y = torch.sin(2 * x[:, :1]) + 0.05 * torch.randn(12, 1, dtype=torch.float64)
+    net = pyrobnn.MLP(2, 1, hidden=(10,)).double()  # 41 weights > 12 values; the last layer's 11 > 8 values below
+    model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.05), pyrobnn.NormalPrior(1.0, fan_in=subset == "all"))
+    x_fit = x if subset == "all" else x[:8]
+    result = laplace(model, x_fit, y[: x_fit.shape[0]], subset=subset, hessian="full", tune_prior=True, tune_steps=60, num_samples=4,
+                     map_options={"max_epochs": 200, "lr": 1e-2, "batch_size": None})
+    la = result.approximation
+    ours = result.prior_precision
+    start = torch.tensor([1.0 / model.site_prior(s).site_scale(s) ** 2 for s in model.sites], dtype=torch.float64)
+    start = start if subset == "all" else start[-1:]
+    la.optimize_prior_precision(method="marglik", pred_type="glm", init_prior_prec=start, prior_structure="layerwise" if subset == "all" else "scalar",
+                                n_steps=60)
+    assert ours.shape == start.shape and not torch.allclose(ours, start, rtol=1e-3)  # tuning moved them
+    torch.testing.assert_close(ours, la.prior_precision, rtol=1e-8, atol=0)
+
+
 def test_last_layer_laplace_keeps_the_other_sites_at_the_map_and_feeds_predictive():
     torch.manual_seed(0)
     x = torch.randn(40, 2)

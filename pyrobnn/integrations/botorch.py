@@ -70,7 +70,7 @@ except ImportError as error:  # pragma: no cover - the optional extra is missing
     raise ImportError("pyrobnn.integrations.botorch needs BoTorch: pip install 'pyrobnn[bo]'") from error
 
 from pyrobnn import methods
-from pyrobnn.infer.modes.laplace import LaplacePosterior, linearized_outputs
+from pyrobnn.infer.modes.laplace import FunctionSpaceLaplace, LaplacePosterior, linearized_outputs, parameter_jacobians
 from pyrobnn.infer.results.protocol import Result
 from pyrobnn.models import BayesianModel
 from pyrobnn.integrations.infinite_width_gp import calibrated_model
@@ -361,6 +361,77 @@ class LaplaceSurrogate(Surrogate, Model):
             self.input_transform = input_transform
         if outcome_transform is not None:
             self.outcome_transform = outcome_transform.eval()
+        self._train_inputs = _network_inputs(input_transform, train_X)
+        self._kernel = None
+
+    def _mean_and_jacobians(self, x):
+        """``f(x, w_MAP)`` ``(n, m)`` and the Jacobians ``(n, m, P)`` in the covered weights, in
+        laplace-torch's order of the parameter vector; both differentiable in ``x``."""
+        result = self.result
+        return parameter_jacobians(result.map_net, {n: result.map_values[n] for n in result.covered_names}, x)
+
+    def posterior(self, X, output_indices=None, observation_noise=False, posterior_transform=None, **kwargs):
+        """BoTorch's posterior at ``X`` (``batch x q x d``): an ``EnsemblePosterior`` over the
+        members, ``batch x S x q x m``; ``observation_noise=True`` adds each member's noise."""
+        self.eval()
+        X = self.transform_inputs(X)
+        values = self.forward(X)
+        if isinstance(observation_noise, torch.Tensor):
+            raise UnsupportedError("observation_noise as a tensor of variances is not supported: pass True for the model's own noise")
+        if observation_noise:
+            values = values + self._noise(values)
+        if hasattr(self, "outcome_transform"):
+            values, _ = self.outcome_transform.untransform(values, X=X)
+        if output_indices is not None:
+            values = values[..., output_indices]
+        if isinstance(posterior_transform, ScalarizedPosteriorTransform):
+            # BoTorch scalarizes only Gaussian posteriors; members are scalarized member by member
+            values = (values @ posterior_transform.weights.to(values)).unsqueeze(-1) + posterior_transform.offset
+            posterior_transform = None
+        posterior = EnsemblePosterior(values=values, weights=self.ensemble_weights)
+        return posterior if posterior_transform is None else posterior_transform(posterior=posterior, X=X)
+
+    def _noise(self, values):
+        """Each member's observation noise, drawn under the surrogate's seed: ``sigma_s * eps``."""
+        likelihood = self.model.likelihood
+        # drawn on the host: one seed gives the same noise on every device
+        generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        eps = torch.randn(values.shape, generator=generator, dtype=values.dtype, device="cpu").to(values.device)
+        if isinstance(likelihood, HeteroscedasticGaussianLikelihood):
+            raise UnsupportedError("observation_noise=True with a heteroscedastic likelihood is not supported")
+        latents = list(likelihood.latent_sites())
+        if latents:
+            scale = self.draws()[latents[0]].reshape(-1, 1, 1).to(values)
+        else:
+            scale = likelihood.scale().detach().reshape(1, 1, 1).to(values)
+        return scale * eps
+
+
+class LaplaceSurrogate(Surrogate, Model):
+    """The Laplace approximation's linearized predictive as BoTorch's ``GPyTorchPosterior``, with
+    the joint covariance over each batch's points (the module docstring gives the math). Needs the
+    fitted laplace-torch object: a result fitted in this session, not a reloaded one."""
+
+    def __init__(self, result: LaplacePosterior, train_X, train_Y, *, input_transform=None, outcome_transform=None,
+                 _record: SurrogateFit = None):
+        if not isinstance(result, LaplacePosterior):
+            raise TypeError(f"result must be a LaplacePosterior, got {type(result).__name__}")
+        if result.approximation is None:
+            raise ValueError("this Laplace result was loaded from a file and has no curvature: use "
+                             "PosteriorSurrogate(result, ..., linearized=True) (its draws), or refit")
+        super().__init__()
+        _check_regression(result.model)
+        train_X, train_Y = _check_xy(train_X, train_Y)
+        self.result = result
+        self.fit_record = _record or SurrogateFit(
+            "laplace", result.model, {}, result.num_draws, 0, 1.0, "joint", train_X, train_Y, input_transform, outcome_transform,
+        )
+        if input_transform is not None:
+            self.input_transform = input_transform
+        if outcome_transform is not None:
+            self.outcome_transform = outcome_transform.eval()
+        self._train_inputs = _network_inputs(input_transform, train_X)
+        self._kernel = None
 
     def _mean_and_jacobians(self, x):
         """``f(x, w_MAP)`` ``(n, m)`` and the Jacobians ``(n, m, P)`` in the covered weights, in
@@ -403,7 +474,11 @@ class LaplaceSurrogate(Surrogate, Model):
                 mean = _locations(model, mean)
                 Js = Js[:, :m]
                 Js = Js.reshape(c, q, m, -1)
-                cov = _joint_covariances(la, Js.reshape(c, q * m, -1), self._full_covariance())
+                kernel = self._training_kernel()
+                if kernel is not None:
+                    cov = kernel.posterior_covariance(Js.reshape(c, q * m, -1))
+                else:
+                    cov = _joint_covariances(la, Js.reshape(c, q * m, -1))
                 means.append(mean.reshape(c, q, m))
                 covs.append(cov)
         mean = torch.cat(means).to(X.dtype)
@@ -426,17 +501,28 @@ class LaplaceSurrogate(Surrogate, Model):
             raise UnsupportedError("output_indices: a Laplace surrogate's posterior covers all outcomes jointly")
         return posterior if posterior_transform is None else posterior_transform(posterior)
 
-    def _full_covariance(self):
-        """A full Laplace's posterior covariance, formed once: laplace-torch's
-        ``posterior_covariance`` multiplies its P x P scale factors at every access (seconds at
-        P = 3000, at every step of an acquisition's optimizer); ``None`` for another structure."""
+    def _training_kernel(self):
+        """The full GGN's posterior in function space
+        (:class:`~pyrobnn.infer.modes.laplace.FunctionSpaceLaplace`), formed once
+        from the training Jacobians; ``None`` for another structure or likelihood, or from as
+        many training values as weights on (where the weight space is the cheaper form)."""
         from laplace.baselaplace import FullLaplace
+        from laplace.utils.enums import Likelihood
 
-        if not isinstance(self.result.approximation, FullLaplace):
+        la = self.result.approximation
+        if not isinstance(la, FullLaplace) or la.likelihood != Likelihood.REGRESSION:
             return None
-        if getattr(self, "_covariance", None) is None:
-            self._covariance = self.result.approximation.posterior_covariance.detach()
-        return self._covariance
+        if self._train_inputs.shape[0] * self.num_outputs >= la.n_params:  # the weight space is the cheaper form
+            return None
+        if self._kernel is None:
+            m = self.num_outputs
+            x = self._train_inputs.to(self.result.model.dtype)
+            with torch.no_grad(), eval_mode(self.result.model.net, self.result.map_net):
+                _, J = self._mean_and_jacobians(x)
+            J = J[:, :m].reshape(x.shape[0] * m, -1)
+            noise = (la.sigma_noise.detach() ** 2 * la.temperature).to(J)
+            self._kernel = FunctionSpaceLaplace(J, 1.0 / la.prior_precision_diag.detach().to(J), noise)
+        return self._kernel
 
     def _noise_variance(self):
         result = self.result
@@ -445,18 +531,16 @@ class LaplaceSurrogate(Surrogate, Model):
         return result.model.likelihood.scale().detach() ** 2
 
 
-def _joint_covariances(la, Js, full_covariance=None):
+def _joint_covariances(la, Js):
     """:math:`J_b \\Sigma J_b^\\top` for each batch ``b`` of Jacobians ``Js`` ``(c, q m, P)``:
     laplace-torch's ``functional_covariance``, batched over ``b`` for its full, diagonal and
-    Kronecker-factored posteriors (one product instead of ``c``), looped for any other; a full
-    posterior's :math:`\\Sigma` is ``full_covariance`` when given (formed once by the caller)."""
+    Kronecker-factored posteriors (one product instead of ``c``), looped for any other."""
     from laplace.baselaplace import DiagLaplace, FullLaplace, KronLaplace
 
     if isinstance(la, KronLaplace):
         return la.posterior_precision.inv_square_form(Js)
     if isinstance(la, FullLaplace):
-        sigma = la.posterior_covariance if full_covariance is None else full_covariance
-        return Js @ sigma @ Js.transpose(-1, -2)
+        return Js @ la.posterior_covariance @ Js.transpose(-1, -2)
     if isinstance(la, DiagLaplace):
         return (Js * la.posterior_variance) @ Js.transpose(-1, -2)
     return torch.stack([la.functional_covariance(J.unsqueeze(1)) for J in Js])
@@ -606,17 +690,25 @@ def _parameters(method) -> tuple:
     return tuple(inspect.signature(methods.spec(method).run).parameters)
 
 
+def _network_inputs(input_transform, train_X):
+    """The training inputs as the network sees them: ``input_transform``'s preprocessing, as
+    BoTorch's models apply it at training."""
+    if input_transform is None:
+        return train_X
+    with torch.no_grad():
+        input_transform.train()
+        x = input_transform.preprocess_transform(train_X)
+        input_transform.eval()
+    return x
+
+
 def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
     """Run ``record``'s method on ``(train_X, train_Y)`` (original units, transformed here), from
     ``previous``'s posterior when given: the result, the new record and the fitted transforms."""
     input_transform = copy.deepcopy(record.input_transform)
     outcome_transform = copy.deepcopy(record.outcome_transform)
+    x = _network_inputs(input_transform, train_X)
     with torch.no_grad():
-        x = train_X
-        if input_transform is not None:
-            input_transform.train()
-            x = input_transform.preprocess_transform(train_X)
-            input_transform.eval()
         y = train_Y
         if outcome_transform is not None:
             outcome_transform.train()
