@@ -371,87 +371,6 @@ class LaplaceSurrogate(Surrogate, Model):
         return parameter_jacobians(result.map_net, {n: result.map_values[n] for n in result.covered_names}, x)
 
     def posterior(self, X, output_indices=None, observation_noise=False, posterior_transform=None, **kwargs):
-        """BoTorch's posterior at ``X`` (``batch x q x d``): an ``EnsemblePosterior`` over the
-        members, ``batch x S x q x m``; ``observation_noise=True`` adds each member's noise."""
-        self.eval()
-        X = self.transform_inputs(X)
-        values = self.forward(X)
-        if isinstance(observation_noise, torch.Tensor):
-            raise UnsupportedError("observation_noise as a tensor of variances is not supported: pass True for the model's own noise")
-        if observation_noise:
-            values = values + self._noise(values)
-        if hasattr(self, "outcome_transform"):
-            values, _ = self.outcome_transform.untransform(values, X=X)
-        if output_indices is not None:
-            values = values[..., output_indices]
-        if isinstance(posterior_transform, ScalarizedPosteriorTransform):
-            # BoTorch scalarizes only Gaussian posteriors; members are scalarized member by member
-            values = (values @ posterior_transform.weights.to(values)).unsqueeze(-1) + posterior_transform.offset
-            posterior_transform = None
-        posterior = EnsemblePosterior(values=values, weights=self.ensemble_weights)
-        return posterior if posterior_transform is None else posterior_transform(posterior=posterior, X=X)
-
-    def _noise(self, values):
-        """Each member's observation noise, drawn under the surrogate's seed: ``sigma_s * eps``."""
-        likelihood = self.model.likelihood
-        # drawn on the host: one seed gives the same noise on every device
-        generator = torch.Generator(device="cpu").manual_seed(self.seed)
-        eps = torch.randn(values.shape, generator=generator, dtype=values.dtype, device="cpu").to(values.device)
-        if isinstance(likelihood, HeteroscedasticGaussianLikelihood):
-            raise UnsupportedError("observation_noise=True with a heteroscedastic likelihood is not supported")
-        latents = list(likelihood.latent_sites())
-        if latents:
-            scale = self.draws()[latents[0]].reshape(-1, 1, 1).to(values)
-        else:
-            scale = likelihood.scale().detach().reshape(1, 1, 1).to(values)
-        return scale * eps
-
-
-class LaplaceSurrogate(Surrogate, Model):
-    """The Laplace approximation's linearized predictive as BoTorch's ``GPyTorchPosterior``, with
-    the joint covariance over each batch's points (the module docstring gives the math). Needs the
-    fitted laplace-torch object: a result fitted in this session, not a reloaded one."""
-
-    def __init__(self, result: LaplacePosterior, train_X, train_Y, *, input_transform=None, outcome_transform=None,
-                 _record: SurrogateFit = None):
-        if not isinstance(result, LaplacePosterior):
-            raise TypeError(f"result must be a LaplacePosterior, got {type(result).__name__}")
-        if result.approximation is None:
-            raise ValueError("this Laplace result was loaded from a file and has no curvature: use "
-                             "PosteriorSurrogate(result, ..., linearized=True) (its draws), or refit")
-        super().__init__()
-        _check_regression(result.model)
-        train_X, train_Y = _check_xy(train_X, train_Y)
-        self.result = result
-        self.fit_record = _record or SurrogateFit(
-            "laplace", result.model, {}, result.num_draws, 0, 1.0, "joint", train_X, train_Y, input_transform, outcome_transform,
-        )
-        if input_transform is not None:
-            self.input_transform = input_transform
-        if outcome_transform is not None:
-            self.outcome_transform = outcome_transform.eval()
-        self._train_inputs = _network_inputs(input_transform, train_X)
-        self._kernel = None
-
-    def _mean_and_jacobians(self, x):
-        """``f(x, w_MAP)`` ``(n, m)`` and the Jacobians ``(n, m, P)`` in the covered weights, in
-        laplace-torch's order of the parameter vector; both differentiable in ``x``."""
-        result = self.result
-        net = result.map_net
-        params = {n: p.detach() for n, p in net.named_parameters()}
-        primals = {n: result.map_values[n] for n in result.covered_names}
-
-        def f(values, point):
-            return torch.func.functional_call(net, {**params, **values}, (point.unsqueeze(0),)).squeeze(0)
-
-        jac = torch.func.vmap(torch.func.jacrev(f), in_dims=(None, 0))(primals, x)
-        n = x.shape[0]
-        mean = torch.func.functional_call(net, {**params, **primals}, (x,))
-        m = mean.shape[-1]
-        Js = torch.cat([jac[name].reshape(n, m, -1) for name in result.covered_names], -1)
-        return mean, Js
-
-    def posterior(self, X, output_indices=None, observation_noise=False, posterior_transform=None, **kwargs):
         """A Gaussian over the ``q`` points of each batch of ``X`` (``batch x q x d``), the
         covariance computed for a chunk of batches at a time (:data:`JACOBIAN_CHUNK_BYTES`)."""
         self.eval()
@@ -478,7 +397,7 @@ class LaplaceSurrogate(Surrogate, Model):
                 if kernel is not None:
                     cov = kernel.posterior_covariance(Js.reshape(c, q * m, -1))
                 else:
-                    cov = _joint_covariances(la, Js.reshape(c, q * m, -1))
+                    cov = _joint_covariances(la, Js.reshape(c, q * m, -1), self._full_covariance())
                 means.append(mean.reshape(c, q, m))
                 covs.append(cov)
         mean = torch.cat(means).to(X.dtype)
@@ -524,6 +443,19 @@ class LaplaceSurrogate(Surrogate, Model):
             self._kernel = FunctionSpaceLaplace(J, 1.0 / la.prior_precision_diag.detach().to(J), noise)
         return self._kernel
 
+    def _full_covariance(self):
+        """A full Laplace's weight-space posterior covariance, formed once (where the function
+        space is not the cheaper form): laplace-torch's ``posterior_covariance`` multiplies its
+        P x P scale factors at every access (seconds at P = 3000, at every step of an
+        acquisition's optimizer); ``None`` for another structure."""
+        from laplace.baselaplace import FullLaplace
+
+        if not isinstance(self.result.approximation, FullLaplace):
+            return None
+        if getattr(self, "_covariance", None) is None:
+            self._covariance = self.result.approximation.posterior_covariance.detach()
+        return self._covariance
+
     def _noise_variance(self):
         result = self.result
         if result.latent_names:
@@ -531,16 +463,18 @@ class LaplaceSurrogate(Surrogate, Model):
         return result.model.likelihood.scale().detach() ** 2
 
 
-def _joint_covariances(la, Js):
+def _joint_covariances(la, Js, full_covariance=None):
     """:math:`J_b \\Sigma J_b^\\top` for each batch ``b`` of Jacobians ``Js`` ``(c, q m, P)``:
     laplace-torch's ``functional_covariance``, batched over ``b`` for its full, diagonal and
-    Kronecker-factored posteriors (one product instead of ``c``), looped for any other."""
+    Kronecker-factored posteriors (one product instead of ``c``), looped for any other; a full
+    posterior's :math:`\\Sigma` is ``full_covariance`` when given (formed once by the caller)."""
     from laplace.baselaplace import DiagLaplace, FullLaplace, KronLaplace
 
     if isinstance(la, KronLaplace):
         return la.posterior_precision.inv_square_form(Js)
     if isinstance(la, FullLaplace):
-        return Js @ la.posterior_covariance @ Js.transpose(-1, -2)
+        sigma = la.posterior_covariance if full_covariance is None else full_covariance
+        return Js @ sigma @ Js.transpose(-1, -2)
     if isinstance(la, DiagLaplace):
         return (Js * la.posterior_variance) @ Js.transpose(-1, -2)
     return torch.stack([la.functional_covariance(J.unsqueeze(1)) for J in Js])
