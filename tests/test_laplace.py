@@ -44,6 +44,23 @@ def test_laplace_is_exact_on_the_conjugate_model(hessian):
     assert ((w.var(0) / sd**2 - 1).abs() < 5 * math.sqrt(2 / w.shape[0])).all()
 
 
+def test_laplace_draws_in_function_space_with_fewer_points_than_weights():
+    """Two points, three weights: the full GGN's draws come from Matheron's rule in function space
+    (no P x P factor) and have the exact posterior's mean and covariance within Monte Carlo error
+    (an entry of a sample covariance has standard error sqrt((S_ii S_jj + S_ij^2) / S))."""
+    X, y, mean, precision = conjugate_problem(n=2)
+    s = 40000
+    result = laplace(bayesian_linear_model(), X, y.unsqueeze(-1), hessian="full", tune_prior=False, map_estimate={"weight": mean.reshape(1, 3)},
+                     num_samples=s, seed=2)
+    exact = torch.linalg.inv(precision)
+    w = result.samples["weight"].reshape(-1, 3)
+    sd = exact.diagonal().sqrt()
+    assert ((w.mean(0) - mean).abs() < 5 * sd / math.sqrt(s)).all()
+    se = ((exact.diagonal()[:, None] * exact.diagonal()[None, :] + exact**2) / s).sqrt()
+    assert ((torch.cov(w.T) - exact).abs() < 5 * se).all()
+    assert result.log_marginal_likelihood == pytest.approx(evidence(X, y), abs=1e-9)
+
+
 def test_laplace_trains_the_map_of_the_log_joint():
     """Without a given MAP, the mode of the model's log joint (prior included) is found; the
     optimizer's tolerance, not Monte Carlo error, bounds the difference."""

@@ -228,7 +228,8 @@ class FunctionSpaceLaplace:
     marginal likelihood's)."""
 
     def __init__(self, J, prior_variance, noise_variance):
-        self.J, self.prior_variance, self.noise_variance = J, prior_variance, noise_variance
+        self.J, self.prior_variance = J, prior_variance
+        self.noise_variance = torch.as_tensor(noise_variance, dtype=J.dtype, device=J.device)
         self.scaled = J * prior_variance  # J Sigma_0, (N, P)
         eye = torch.eye(J.shape[0], dtype=J.dtype, device=J.device)
         self.cholesky = torch.linalg.cholesky(self.scaled @ J.T + noise_variance * eye)
@@ -237,7 +238,22 @@ class FunctionSpaceLaplace:
     def log_det_ratio(self) -> torch.Tensor:
         r""":math:`\log\det(\Sigma_0 \Sigma^{-1}) = \log\det(K_{XX} + \sigma^2 I) - N \log \sigma^2`."""
         n = self.J.shape[0]
-        return 2 * self.cholesky.diagonal().log().sum() - n * torch.log(torch.as_tensor(self.noise_variance).to(self.J))
+        return 2 * self.cholesky.diagonal().log().sum() - n * torch.log(self.noise_variance)
+
+    def sample(self, mean, num_samples: int, generator=None) -> torch.Tensor:
+        r"""``num_samples`` draws ``(S, P)`` from :math:`N(\hat w, \Sigma)`, ``mean`` :math:`\hat w`,
+        by Matheron's rule: with :math:`\epsilon_0 \sim N(0, \Sigma_0)` and
+        :math:`\epsilon \sim N(0, \sigma^2 I)`,
+        :math:`\hat w + \epsilon_0 - \Sigma_0 J^\top (K_{XX} + \sigma^2 I)^{-1} (J \epsilon_0 + \epsilon)`
+        has covariance :math:`\Sigma_0 - \Sigma_0 J^\top (K_{XX} + \sigma^2 I)^{-1} J \Sigma_0 = \Sigma`
+        (Wilson et al. 2020, "Efficiently Sampling Functions from Gaussian Process Posteriors"):
+        exact, :math:`O(S N P)`, no ``P x P`` factor."""
+        J = self.J
+        prior = torch.randn((num_samples, J.shape[1]), generator=generator, dtype=J.dtype, device=J.device) * self.prior_variance.sqrt()
+        noise = torch.randn((num_samples, J.shape[0]), generator=generator, dtype=J.dtype, device=J.device)
+        residual = prior @ J.T + noise * self.noise_variance.sqrt()  # (S, N)
+        solved = torch.cholesky_solve(residual.T, self.cholesky)  # (N, S)
+        return mean + prior - (self.scaled.T @ solved).T
 
     def posterior_covariance(self, Js) -> torch.Tensor:
         r""":math:`J_b \Sigma J_b^\top` for each batch of Jacobians ``Js`` ``(c, r, P)``: ``(c, r, r)``."""
@@ -469,20 +485,26 @@ def laplace(
         # curvature was formed in float32 (eigenvalues of -0.06 beside 1.7e7, a failed Cholesky)
         with tensor_defaults(model.dtype, model.device):
             la.fit(DataLoader(TensorDataset(x, y), batch_size=batch_size))
+        sizes = [net.get_parameter(n).numel() for n in covered]
+        J = None
+        if hessian == "full" and kind == "regression" and x.shape[0] * outputs < sum(sizes):
+            # fewer training values than weights: the posterior in function space (N x N, not P x P)
+            with torch.no_grad():
+                J = parameter_jacobians(net, {n: net.get_parameter(n) for n in covered}, x)[1].reshape(-1, sum(sizes))
         if tune_prior:
-            sizes = [net.get_parameter(n).numel() for n in covered]
-            if hessian == "full" and kind == "regression" and x.shape[0] * outputs < sum(sizes):
-                # the same maximization with an N x N log determinant per step instead of P x P
-                with torch.no_grad():
-                    _, J = parameter_jacobians(net, {n: net.get_parameter(n) for n in covered}, x)
+            if J is not None:  # the same maximization with an N x N log determinant per step
                 blocks = [sum(sizes)] if structure == "scalar" else sizes  # one precision for all, or one per site
-                la.prior_precision = tune_prior_in_function_space(la, J.reshape(-1, J.shape[-1]), blocks, precisions, tune_steps)
+                la.prior_precision = tune_prior_in_function_space(la, J, blocks, precisions, tune_steps)
             else:
                 la.optimize_prior_precision(method="marglik", pred_type="glm", init_prior_prec=precisions.clone(), prior_structure=structure,
                                             n_steps=tune_steps)
     generator = torch.Generator(device=model.device).manual_seed(seed)
     with torch.no_grad():
-        draws = la.sample(num_samples, generator=generator)
+        if J is not None:
+            noise = (la.sigma_noise.detach() ** 2 * la.temperature).to(J)
+            draws = FunctionSpaceLaplace(J, 1.0 / la.prior_precision_diag.to(J), noise).sample(la.mean.to(J), num_samples, generator)
+        else:
+            draws = la.sample(num_samples, generator=generator)
     samples, offset = {}, 0
     for name in covered:
         site = model.site(name)
