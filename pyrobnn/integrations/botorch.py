@@ -19,8 +19,10 @@ the marginal likelihood of the network's infinite-width limit
   (GLM) predictive of the Laplace approximation as a Gaussian over the ``q`` points of each batch,
   mean :math:`f(x, \hat w)` and joint covariance :math:`J(x)\,\Sigma\,J(x)^\top` (Immer et al.
   2021), :math:`J` the network's Jacobian in the covered weights and :math:`\Sigma` laplace-torch's
-  posterior covariance (full, diagonal or Kronecker-factored). The Jacobians are formed for a
-  chunk of batches at a time, so memory grows with ``b q P`` (``P`` weights) and never with
+  posterior covariance (full, diagonal or Kronecker-factored); a full GGN's with fewer training
+  values than weights in function space, from the training Jacobians
+  (:class:`~pyrobnn.infer.modes.laplace.FunctionSpaceLaplace`: exact, no ``P x P`` matrix at
+  prediction). The Jacobians are formed for a chunk of batches at a time, so memory grows with ``b q P`` (``P`` weights) and never with
   :math:`(b q)^2` as a covariance over all ``b x q`` points would; ``laplace_form="samples"``
   gives the linearized predictive at the result's weight draws as an ensemble instead.
 

@@ -20,6 +20,13 @@ the network at the MAP; this module maps the model's priors and likelihood onto 
 weight samples back onto the model's sites, so that the result is a posterior sample container
 like NUTS's (:func:`pyrobnn.predict`, ``pyro.infer.Predictive``, :mod:`pyrobnn.infer.results.diagnostics`).
 
+With a full GGN under a Gaussian likelihood and fewer training values :math:`N` than covered
+weights :math:`P` (a surrogate for Bayesian optimization: tens of points, thousands of weights),
+the draws and the prior tuning are computed in function space instead
+(:class:`FunctionSpaceLaplace`; Khan et al. 2019, Immer et al. 2021): the same posterior and the
+same marginal likelihood, exactly, with ``N x N`` factorizations where laplace-torch factors
+``P x P`` ones at every tuning step.
+
 Supported (its declaration in :mod:`pyrobnn.methods`): Gaussian priors
 (:class:`~pyrobnn.models.priors.NormalPrior`, one precision per site; the marginal likelihood can tune
 them per site), a Gaussian likelihood with a fixed noise scale or a noise scale with a prior (held
