@@ -218,6 +218,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--cold-arm", action="store_true", help="also run pyrobnn's surrogates with cold refits on the first problem")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one process each")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per run (default: the cores over --jobs; 1 where other work shares the machine)")
     parser.add_argument("--raw-samples", type=int, default=None, help="optimize_acqf's raw_samples (default: the budget's)")
     parser.add_argument("--out", default=None, help="folder for bayesopt_runs.json and the regret plots")
     parser.add_argument("--results", default=None, help="a results file (docs/results.json) to record the median regrets in")
@@ -251,7 +253,7 @@ def main(argv=None):
     print(f"Bayesian optimization: {len(jobs)} runs ({budget}: {json.dumps(settings)}), {args.jobs} at once", flush=True)
     started = time.perf_counter()
     records, running = [], []
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     queue = list(jobs)
     while queue or running:
         while queue and len(running) < args.jobs:
