@@ -17,7 +17,10 @@ max), the seconds per BO step split into fit and acquisition, and peak memory; w
 curves to ``--out`` (a JSON file and one PNG per problem) and prints one JSON object last.
 
     python benchmarks/bayesopt.py --quick          # CI: Branin and Hartmann-6, small budgets
-    python benchmarks/bayesopt.py --out docs/_static/bayesopt   # the recorded run (docs/bayesopt.md)
+    python benchmarks/bayesopt.py --seeds 5 --out docs/img --results docs/results.json   # the recorded run (docs/bayesopt.md)
+    python benchmarks/bayesopt.py --regimes        # Branin in 40-D and Gramacy & Lee's function, 100 evaluations
+
+The problems are :mod:`bo_problems`' (shared with ``bo_calibration.py``).
 """
 
 from __future__ import annotations
@@ -33,12 +36,19 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bo_problems  # noqa: E402  (the test problems, shared with bo_calibration.py)
+
 #: 6 Sobol points and 8 rounds of q = 2 (22 evaluations), 3 seeds: the smallest budget at which
 #: the GP's median regret is ahead of random search's on both problems (at 16 evaluations and two
 #: seeds it was not on Branin: 2026-11-26, docs/bayesopt.md)
 QUICK = dict(problems=["branin", "hartmann6"], seeds=3, n_init=6, q=2, steps=8, num_restarts=2, raw_samples=64, num_samples=16)
 FULL = dict(problems=["branin", "hartmann6", "ackley10", "levy20"], seeds=3, n_init=10, q=4, steps=8, num_restarts=4,
             raw_samples=256, num_samples=32)
+#: the regimes where BNN surrogates should do well (bo_problems.REGIMES, one objective each), at
+#: 100 evaluations: 20 Sobol points and 20 rounds of q = 4
+REGIME = dict(problems=["branin_embed40", "gramacylee2"], seeds=5, n_init=20, q=4, steps=20, num_restarts=4, raw_samples=256,
+              num_samples=32)
 #: the baselines, and the surrogates fitted as GPs (no warm refit): the infinite-width BNN is
 #: pyrobnn's (a GP with the network's prior, pyrobnn.integrations.infinite_width_gp)
 BASELINES = ("random", "gp", "laplace_bayesopt")
@@ -67,16 +77,11 @@ OPTIONS = {
 
 
 def problem(name):
-    from botorch.test_functions import Ackley, Branin, Hartmann, Levy
-
-    fn = {"branin": lambda: Branin(negate=True), "hartmann6": lambda: Hartmann(dim=6, negate=True),
-          "ackley10": lambda: Ackley(dim=10, negate=True), "levy20": lambda: Levy(dim=20, negate=True)}[name]()
-    bounds = fn.bounds.to(torch.float64)
-
-    def f(x):  # x in the unit cube
-        return fn(bounds[0] + x * (bounds[1] - bounds[0])).unsqueeze(-1)
-
-    return f, float(fn.optimal_value), bounds.shape[1]  # the optimum of the negated function (BoTorch signs it)
+    """``(f, optimum, d)``: a single-objective problem of :mod:`bo_problems` on the unit cube."""
+    p = bo_problems.problem(name)
+    if p.optimum is None:
+        raise ValueError(f"{name} has several objectives: the regret benchmark takes one")
+    return p.f, p.optimum, p.d
 
 
 def rss_mb() -> float:
@@ -212,6 +217,8 @@ def median(values):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="Branin and Hartmann-6 at small budgets (CI)")
+    parser.add_argument("--regimes", action="store_true",
+                        help="Branin in 40 inputs and Gramacy & Lee's function at 100 evaluations (the full options)")
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--problems", nargs="+", default=None)
     parser.add_argument("--seeds", type=int, default=None)
@@ -238,8 +245,10 @@ def main(argv=None):
         return child(args)
     if args.from_runs:
         return finish(*merged_runs(args.from_runs), args=args)
+    if args.quick and args.regimes:
+        parser.error("--quick and --regimes are two budgets: give one")
     budget = "quick" if args.quick else "full"
-    settings = dict(QUICK if args.quick else FULL)
+    settings = dict(QUICK if args.quick else REGIME if args.regimes else FULL)
     for key in ("problems", "seeds", "steps"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)

@@ -39,15 +39,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bo_problems  # noqa: E402
 from bayesopt import OPTIONS  # noqa: E402  (the BO benchmark's options per method and budget)
+from bo_problems import DEVELOPMENT, HELD_OUT, REGIMES  # noqa: E402
 
-DEVELOPMENT = ["branin", "hartmann6", "ackley10", "levy20"]
-HELD_OUT = ["rosenbrock5", "levy4", "griewank8", "styblinskitang10"]
-#: where BNNs should do well (Li et al. 2024), reported beside the GP and not tuned on either:
-#: Branin in 2 of 40 inputs (high-dimensional, low effective dimension), Gramacy & Lee's (2008)
-#: non-stationary x1 exp(-x1^2 - x2^2) on [-2, 6]^2 (flat almost everywhere, a bump in one
-#: corner), and Branin-Currin's two outputs (one network or one GP per output)
-REGIMES = ["branin_embed40", "gramacylee2", "branincurrin"]
 N_TEST = 500
 Z90 = 1.6448536269514722  # the 95% quantile of N(0, 1): a central 90% interval
 WITHIN = math.log(1.5)  # "within 1.5x of the GP's NLL": a predictive density at most 1.5 times lower per point
@@ -59,36 +54,9 @@ FULL = dict(problems=DEVELOPMENT + HELD_OUT + REGIMES, sizes=[10, 20, 50, 100], 
 
 
 def problem(name):
-    """``(f, d)``: the negated test function on the unit cube (outputs ``(n, m)``) and its dimension."""
-    from botorch.test_functions import Ackley, Branin, Griewank, Hartmann, Levy, Rosenbrock, StyblinskiTang
-    from botorch.test_functions.multi_objective import BraninCurrin
-
-    if name == "branin_embed40":
-        branin = Branin(negate=True)
-        low, high = branin.bounds.to(torch.float64)
-        return (lambda x: branin(low + x[:, :2] * (high - low)).unsqueeze(-1)), 40
-    if name == "gramacylee2":
-        def gramacy_lee(x):
-            z = -2 + 8 * x
-            return (z[:, :1] * torch.exp(-(z**2).sum(-1, keepdim=True)))
-        return gramacy_lee, 2
-    if name == "branincurrin":
-        fn = BraninCurrin(negate=True)
-        return (lambda x: fn(x)), 2  # its domain is the unit cube
-
-    make = {
-        "branin": lambda: Branin(negate=True), "hartmann6": lambda: Hartmann(dim=6, negate=True),
-        "ackley10": lambda: Ackley(dim=10, negate=True), "levy20": lambda: Levy(dim=20, negate=True),
-        "rosenbrock5": lambda: Rosenbrock(dim=5, negate=True), "levy4": lambda: Levy(dim=4, negate=True),
-        "griewank8": lambda: Griewank(dim=8, negate=True), "styblinskitang10": lambda: StyblinskiTang(dim=10, negate=True),
-    }
-    fn = make[name]()
-    bounds = fn.bounds.to(torch.float64)
-
-    def f(x):
-        return fn(bounds[0] + x * (bounds[1] - bounds[0])).unsqueeze(-1)
-
-    return f, bounds.shape[1]
+    """``(f, d)``: the problem's function on the unit cube (outputs ``(n, m)``) and its dimension."""
+    p = bo_problems.problem(name)
+    return p.f, p.d
 
 
 def fit(method, X, Y, budget, num_samples, seed):
