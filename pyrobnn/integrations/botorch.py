@@ -22,9 +22,10 @@ the marginal likelihood of the network's infinite-width limit
   posterior covariance (full, diagonal or Kronecker-factored); a full GGN's with fewer training
   values than weights in function space, from the training Jacobians
   (:class:`~pyrobnn.infer.modes.laplace.FunctionSpaceLaplace`: exact, no ``P x P`` matrix at
-  prediction). The Jacobians are formed for a chunk of batches at a time, so memory grows with ``b q P`` (``P`` weights) and never with
-  :math:`(b q)^2` as a covariance over all ``b x q`` points would; ``laplace_form="samples"``
-  gives the linearized predictive at the result's weight draws as an ensemble instead.
+  prediction). The Jacobians are formed for a chunk of batches at a time, so memory grows with
+  ``b q P`` (``P`` weights) and never with :math:`(b q)^2` as a covariance over all ``b x q``
+  points would; ``laplace_form="samples"`` gives the linearized predictive at the result's weight
+  draws as an ensemble instead.
 
 ``condition_on_observations(X, Y)`` (and ``surrogate.refit(X, Y)``) refits on the old
 and new data **warm-started** from the previous posterior (each method's
