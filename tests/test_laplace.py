@@ -251,3 +251,38 @@ def test_a_float64_models_full_curvature_is_formed_in_float64():
     result = laplace(model, X, y.unsqueeze(-1), hessian="full", tune_prior=False, map_estimate={"weight": mean.reshape(1, 3)},
                      num_samples=2, seed=1)
     torch.testing.assert_close(result.approximation.posterior_precision, precision, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("case", ["targets_1d", "targets_2d", "several_outputs", "float64", "noise_prior", "dropout", "custom_forward", "numpy",
+                                  "cnn_regression"])
+def test_function_space_path_on_the_conformance_cases(case):
+    """Every Gaussian conformance case (and a user's CNN with batch normalization regressing one
+    value per image), cut to fewer training values than weights so that the full GGN takes the
+    function-space path: its tuned prior precisions equal laplace-torch's weight-space tuning of
+    the same approximation, and its draws have the weight-space posterior's variances within
+    Monte Carlo error (sqrt(2 / S) relative)."""
+    from pyrobnn.testing import ConvNet, build_case
+
+    if case == "cnn_regression":
+        torch.manual_seed(0)
+        x = torch.randn(12, 1, 8, 8)
+        y = x[:, 0, :4].mean((1, 2)) - x[:, 0, 4:].mean((1, 2))
+        model = pyrobnn.BayesianModel(ConvNet(batchnorm=True, classes=1), pyrobnn.GaussianLikelihood(0.1), pyrobnn.NormalPrior(1.0))
+    else:
+        model, x, y, _, _ = build_case(case, "laplace")
+        x, y = x[:8], y[:8]  # 8 points (24 values with 3 outputs) against 33 weights and more
+    s = 4000
+    result = laplace(model, x, y, hessian="full", tune_prior=True, tune_steps=30, num_samples=s, seed=0,
+                     map_options={"max_epochs": 30, "batch_size": None, "progress": False})
+    la = result.approximation
+    n_values = len(y) * (y.shape[-1] if getattr(y, "ndim", 1) == 2 else 1)
+    assert n_values < la.n_params  # the function-space path
+    ours = result.prior_precision
+    start = torch.tensor([1.0 / model.site_prior(site).site_scale(site) ** 2 for site in model.sites], dtype=ours.dtype)
+    la.optimize_prior_precision(method="marglik", pred_type="glm", init_prior_prec=start, prior_structure="layerwise", n_steps=30)
+    # float32 cases round their N x N and P x P log determinants differently
+    tolerance = 1e-9 if model.dtype == torch.float64 else 2e-4
+    torch.testing.assert_close(ours, la.prior_precision, rtol=tolerance, atol=0)
+    draws = torch.cat([result.samples[name].reshape(s, -1) for name in result.covered_names], -1).double()
+    variances = la.posterior_covariance.diagonal().double()
+    assert bool(((draws.var(0) / variances - 1).abs() < 5 * math.sqrt(2 / s)).all())
