@@ -233,6 +233,7 @@ def main(argv=None):
     parser.add_argument("--from-runs", nargs="+", default=None,
                         help="summarize the runs of earlier --out folders (their bayesopt_runs.json) instead of running; a run of a "
                              "later file replaces the same problem, method, seed and arm of an earlier one")
+    parser.add_argument("--markdown", action="store_true", help="also print the regret and cost tables in Markdown (docs/bayesopt.md)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--problem", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
@@ -327,6 +328,8 @@ def finish(records, settings, methods, command, budget, *, args):
         plot(records, settings, args.out)
     if args.results:
         record_results(args.results, summary, settings, command)
+    if args.markdown:
+        print(markdown_tables(records, summary, methods))
     print(json.dumps(summary))
 
 
@@ -336,6 +339,31 @@ def write_json(path, obj):
     with open(tmp, "w") as fh:
         json.dump(obj, fh, indent=1)
     os.replace(tmp, path)
+
+
+def markdown_tables(records, summary, methods):
+    """The regret and cost tables of docs/bayesopt.md: median log10 regret [min, max] with the
+    number of seeds where fewer ran than asked, and seconds per step with peak memory."""
+    problems = list(summary["regret"])
+    asked = summary["settings"]["seeds"]
+    head = "| method | " + " | ".join(problems) + " |\n|---|" + "---|" * len(problems)
+    rows, costs = [head], [head]
+    for m in methods:
+        cells, cost = [], []
+        for p in problems:
+            value = summary["regret"][p].get(m)
+            if value is None:
+                cells.append("not run")
+                cost.append("")
+                continue
+            runs = sum(1 for r in records if r["problem"] == p and r["method"] == m and not r.get("error") and not r["cold_refits"])
+            low, high = summary["regret_spread"][p][m]
+            cells.append(f"{value:+.2f} [{low:+.2f}, {high:+.2f}]" + (f" ({runs} seeds)" if runs < asked else ""))
+            sec = summary["seconds_per_step"][m][p]
+            cost.append(f"{sec['fit']:.1f} + {sec['acquisition']:.1f} s, {summary['peak_memory_mb'][m][p]:.0f} MB")
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+        costs.append(f"| {m} | " + " | ".join(cost) + " |")
+    return "\n".join(rows) + "\n\n" + "\n".join(costs)
 
 
 def record_results(path, summary, settings, command):

@@ -483,6 +483,13 @@ def laplace(
         noise = values[latents[0]] if latents else model.likelihood.scale()
         kwargs["sigma_noise"] = float(noise.detach())
     _check_curvature_fits(net, covered, hessian, model.dtype)
+    if hessian == "full":
+        # laplace-torch's own Jacobian GGN (torch.func): its default backend (curvlinops) forms a
+        # full GGN by P matrix-vector products, 0.48 s against 0.01 s for 42 points and 2951
+        # weights, the same matrix
+        from laplace.curvature import GGNInterface
+
+        kwargs["backend"] = GGNInterface
     with laplace_torch_quiet():
         la = Laplace(fitted, kind, subset_of_weights=subset, hessian_structure=hessian, prior_precision=precisions.clone(), **kwargs)
         if batch_size is None:
