@@ -17,7 +17,7 @@ max), the seconds per BO step split into fit and acquisition, and peak memory; w
 curves to ``--out`` (a JSON file and one PNG per problem) and prints one JSON object last.
 
     python benchmarks/bayesopt.py --quick          # CI: Branin and Hartmann-6, small budgets
-    python benchmarks/bayesopt.py --seeds 5 --out docs/img --results docs/results.json   # the recorded run (docs/bayesopt.md)
+    python benchmarks/bayesopt.py --seeds 5 --out docs/img/bayesopt_calibrated --results docs/results.json   # docs/bayesopt.md
     python benchmarks/bayesopt.py --regimes        # Branin in 40-D and Gramacy & Lee's function, 100 evaluations
 
 The problems are :mod:`bo_problems`' (shared with ``bo_calibration.py``).
