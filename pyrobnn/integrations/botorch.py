@@ -73,7 +73,7 @@ except ImportError as error:  # pragma: no cover - the optional extra is missing
     raise ImportError("pyrobnn.integrations.botorch needs BoTorch: pip install 'pyrobnn[bo]'") from error
 
 from pyrobnn import methods
-from pyrobnn.infer.modes.laplace import FunctionSpaceLaplace, LaplacePosterior, linearized_outputs, parameter_jacobians
+from pyrobnn.infer.modes.laplace import LaplacePosterior, function_space_posterior, linearized_outputs, parameter_jacobians
 from pyrobnn.infer.results.protocol import Result
 from pyrobnn.models import BayesianModel
 from pyrobnn.integrations.infinite_width_gp import calibrated_model
@@ -442,8 +442,7 @@ class LaplaceSurrogate(Surrogate, Model):
             with torch.no_grad(), eval_mode(self.result.model.net, self.result.map_net):
                 _, J = self._mean_and_jacobians(x)
             J = J[:, :m].reshape(x.shape[0] * m, -1)
-            noise = (la.sigma_noise.detach() ** 2 * la.temperature).to(J)
-            self._kernel = FunctionSpaceLaplace(J, 1.0 / la.prior_precision_diag.detach().to(J), noise)
+            self._kernel = function_space_posterior(la, J)
         return self._kernel
 
     def _full_covariance(self):

@@ -59,7 +59,7 @@ from pyrobnn.utils.constraints import Budget, Either, OneOf
 from pyrobnn.utils.runtime import tensor_defaults
 from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, validate_training_data
 
-__all__ = ["LaplacePosterior", "laplace", "linearized_outputs", "parameter_jacobians", "FunctionSpaceLaplace", "tune_prior_in_function_space", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]
+__all__ = ["LaplacePosterior", "laplace", "linearized_outputs", "parameter_jacobians", "FunctionSpaceLaplace", "function_space_posterior", "effective_noise_variance", "tune_prior_in_function_space", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]
 
 SUBSETS = ("all", "last_layer")
 HESSIANS = ("full", "diag", "kron")
@@ -269,6 +269,17 @@ class FunctionSpaceLaplace:
         return prior - v.transpose(-1, -2) @ v
 
 
+def effective_noise_variance(la) -> torch.Tensor:
+    """laplace-torch's Gaussian noise variance as its GGN scales it: :math:`\\sigma^2 T`."""
+    return la.sigma_noise.detach() ** 2 * la.temperature
+
+
+def function_space_posterior(la, J) -> FunctionSpaceLaplace:
+    """The fitted full-GGN approximation ``la`` (Gaussian likelihood) in function space, from
+    its training Jacobians ``J`` ``(N, P)``, at its current prior precisions."""
+    return FunctionSpaceLaplace(J, 1.0 / la.prior_precision_diag.detach().to(J), effective_noise_variance(la).to(J))
+
+
 def tune_prior_in_function_space(la, J, sizes, init, steps: int, lr: float = 0.1) -> torch.Tensor:
     r"""laplace-torch's ``optimize_prior_precision(method="marglik")`` for a full GGN under a
     Gaussian likelihood, one precision per block of ``sizes`` weights: the same objective
@@ -277,7 +288,7 @@ def tune_prior_in_function_space(la, J, sizes, init, steps: int, lr: float = 0.1
     ``steps`` steps at ``lr``), with the log determinant in function space
     (:class:`FunctionSpaceLaplace`: an ``N x N`` Cholesky per step, not laplace-torch's ``P x P``).
     ``J``: the training Jacobians ``(N, P)``; returns the precisions."""
-    noise = (la.sigma_noise.detach() ** 2 * la.temperature).to(J)
+    noise = effective_noise_variance(la).to(J)
     delta = (la.mean - la.prior_mean).detach().to(J)
     counts = torch.as_tensor(sizes, device=J.device)
     squares = torch.zeros(len(sizes), dtype=J.dtype, device=J.device).index_add_(
@@ -515,8 +526,7 @@ def laplace(
     generator = torch.Generator(device=model.device).manual_seed(seed)
     with torch.no_grad():
         if J is not None:
-            noise = (la.sigma_noise.detach() ** 2 * la.temperature).to(J)
-            draws = FunctionSpaceLaplace(J, 1.0 / la.prior_precision_diag.to(J), noise).sample(la.mean.to(J), num_samples, generator)
+            draws = function_space_posterior(la, J).sample(la.mean.to(J), num_samples, generator)
         else:
             draws = la.sample(num_samples, generator=generator)
     samples, offset = {}, 0
