@@ -207,3 +207,69 @@ def test_a_failed_fit_can_restart_from_the_hyperpriors():
     assert max(seen) > 5 and min(seen) < 0.2  # LogNormal(0, 1.5) spans these in 50 draws (each misses with probability 5e-4)
     k._set_scale("bias_scale", torch.tensor(1e6))  # clamped, not NaN
     assert float(k.bias_scale.detach()) == pytest.approx(0.99 * SCALE_BOUNDS[1])
+
+
+def map_objective(gp):
+    """Each outcome's log marginal likelihood plus the log density of its hyperparameters'
+    priors (what ``fit_gpytorch_mll`` maximizes), in the GP's transformed units."""
+    gp.train()
+    batch = tuple(gp.covar_module.batch_shape)
+    with torch.no_grad():
+        value = gp.likelihood(gp(*gp.train_inputs)).log_prob(gp.train_targets)
+        for _, module, prior, closure, _ in gp.named_priors():
+            value = value + prior.log_prob(closure(module)).reshape(*batch, -1).sum(-1)
+    gp.eval()
+    return value
+
+
+def fit_from(X, Y, start):
+    """BoTorch's fit from one start of :data:`FIT_STARTS`, alone."""
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms.outcome import Standardize
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    from pyrobnn.integrations.infinite_width_gp import FIT_START_NOISE, SCALE_NAMES
+
+    low, high = X.min(0).values, X.max(0).values
+    kernel = InfiniteWidthKernel(X.shape[1], center=(low + high) / 2, base_scale=2 / (high - low))
+    for name, value in zip(SCALE_NAMES, start):
+        kernel._set_scale(name, torch.tensor(value))
+    gp = SingleTaskGP(X, Y, covar_module=kernel, outcome_transform=Standardize(m=1))
+    gp.likelihood.noise = FIT_START_NOISE
+    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+    return gp.eval()
+
+
+def hartmann6(n=20, seed=0):
+    from botorch.test_functions import Hartmann
+    from torch.quasirandom import SobolEngine
+
+    X = SobolEngine(6, scramble=True, seed=seed).draw(n).to(torch.float64)
+    return X, Hartmann(dim=6, negate=True)(X).unsqueeze(-1)
+
+
+def test_the_fit_keeps_the_most_probable_of_its_starts():
+    """On Hartmann-6 at 20 Sobol points the first start alone ends in the mode that explains the
+    data as noise (a nearly constant function, noise variance 0.65 of the outcomes'); the
+    batched fit from every start keeps the best of the separate fits, in the signal mode."""
+    from pyrobnn.integrations.infinite_width_gp import FIT_STARTS
+
+    X, Y = hartmann6()
+    alone = [fit_from(X, Y, start) for start in FIT_STARTS]
+    values = [float(map_objective(gp)) for gp in alone]
+    assert float(alone[0].likelihood.noise.detach()) > 0.3  # the first start's fit: the noise mode
+    gp = infinite_width_gp(X, Y)
+    assert float(map_objective(gp)) >= max(values) - 0.05  # nats: the batch's L-BFGS stops on its summed objective
+    assert max(values) > values[0] + 0.3
+    assert float(gp.likelihood.noise.detach()) < 0.05
+
+
+def test_each_outcome_keeps_its_own_best_start():
+    X, y = hartmann6()
+    Y = torch.cat([y, torch.sin(6 * X[:, :1]) + X[:, 1:2]], -1)
+    gp = infinite_width_gp(X, Y)
+    both = map_objective(gp)
+    for i in range(2):
+        alone = map_objective(infinite_width_gp(X, Y[:, i:i + 1]))
+        assert float(both[i]) == pytest.approx(float(alone), abs=0.05)
