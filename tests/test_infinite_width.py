@@ -222,25 +222,6 @@ def map_objective(gp):
     return value
 
 
-def fit_from(X, Y, start):
-    """BoTorch's fit from one start of :data:`FIT_STARTS`, alone."""
-    from botorch.fit import fit_gpytorch_mll
-    from botorch.models import SingleTaskGP
-    from botorch.models.transforms.outcome import Standardize
-    from gpytorch.mlls import ExactMarginalLogLikelihood
-
-    from pyrobnn.integrations.infinite_width_gp import FIT_START_NOISE, SCALE_NAMES
-
-    low, high = X.min(0).values, X.max(0).values
-    kernel = InfiniteWidthKernel(X.shape[1], center=(low + high) / 2, base_scale=2 / (high - low))
-    for name, value in zip(SCALE_NAMES, start):
-        kernel._set_scale(name, torch.tensor(value))
-    gp = SingleTaskGP(X, Y, covar_module=kernel, outcome_transform=Standardize(m=1))
-    gp.likelihood.noise = FIT_START_NOISE
-    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
-    return gp.eval()
-
-
 def hartmann6(n=20, seed=0):
     from botorch.test_functions import Hartmann
     from torch.quasirandom import SobolEngine
@@ -256,7 +237,7 @@ def test_the_fit_keeps_the_most_probable_of_its_starts():
     from pyrobnn.integrations.infinite_width_gp import FIT_STARTS
 
     X, Y = hartmann6()
-    alone = [fit_from(X, Y, start) for start in FIT_STARTS]
+    alone = [infinite_width_gp(X, Y, starts=[start]) for start in FIT_STARTS]
     values = [float(map_objective(gp)) for gp in alone]
     assert float(alone[0].likelihood.noise.detach()) > 0.3  # the first start's fit: the noise mode
     gp = infinite_width_gp(X, Y)
@@ -273,3 +254,10 @@ def test_each_outcome_keeps_its_own_best_start():
     for i in range(2):
         alone = map_objective(infinite_width_gp(X, Y[:, i:i + 1]))
         assert float(both[i]) == pytest.approx(float(alone), abs=0.05)
+
+
+@pytest.mark.parametrize("starts", [[], [(1.0, 1.0, 1.5)], [(1.0, 0.0, 1.5, 1.5)], [(1.0, float("nan"), 1.0, 1.0)], 3, ["a"]])
+def test_bad_starts_are_refused_by_name(starts):
+    X, Y = toy()
+    with pytest.raises(ValueError, match="starts must be"):
+        infinite_width_gp(X, Y, starts=starts)

@@ -5,7 +5,8 @@ r"""A BNN's infinite-width limit as a BoTorch GP, and the finite network's prior
 hyperparameters are the network's prior scales: the inputs' inverse length scales (one per
 feature, ARD, or one shared), the biases' scale, the hidden weights' scale and the output weights'
 scale. :func:`infinite_width_gp` fits it by BoTorch's exact marginal likelihood
-(``fit_gpytorch_mll``, maximum a posteriori under weak hyperpriors) in a ``SingleTaskGP``: a surrogate with a BNN's prior and exact inference
+(``fit_gpytorch_mll``, maximum a posteriori under weak hyperpriors, from several starts: the
+posterior over the scales has a mode that calls the data noise) in a ``SingleTaskGP``: a surrogate with a BNN's prior and exact inference
 (Li et al. 2024 find the infinite-width BNN strong in high dimensions; BoTorch's
 ``InfiniteWidthBNNKernel`` is the ReLU one with fixed scales).
 
@@ -64,12 +65,13 @@ SCALE_HYPERPRIOR = (0.0, 1.5)
 #: fitted side by side as one batch (the best fit is kept; the first is replaced by a given
 #: network's scales). At 10-40 points the posterior over these scales has two modes: the data as
 #: signal (noise variance near its prior's mode, 7e-3 in standardized units) and the data as noise
-#: (every scale near 0.1, noise variance 0.5-0.8, a nearly constant function), and L-BFGS from the
-#: first start alone ended in the noise mode though the signal mode was more probable in 7 of 29
-#: development cases (Hartmann-6 and Ackley-10 at n = 20 and 40, Levy-20 at n = 40: ``benchmarks/
-#: bo_calibration.py``'s problems, 3 Sobol designs each); from these four starts, in 29 of 29. A
-#: finite network given the noise mode as its prior predicts a constant, and BO with it is random
-#: search.
+#: (every scale near 0.1, noise variance 0.5-0.8: a nearly constant function). Chosen on the
+#: development problems (Branin, Hartmann-6, Ackley-10, Levy-20; 3 Sobol designs of n = 10, 20
+#: and 40 each; 33 starts per case): L-BFGS from the first start alone ended in the noise mode
+#: though a signal mode was more probable in 8 of the 36 cases (Hartmann-6 at every n, Ackley-10
+#: at n = 20, Levy-20 at n = 40) and short of the best of the 33 starts in 10; from these four, in
+#: 1 (Levy-20 at n = 40, by 0.02 nats per point). A finite network given the noise mode as its
+#: prior predicts a nearly constant function, and BO with it is close to random search.
 FIT_STARTS = ((1.0, 1.0, 1.5, 1.5), (2.0, 1.0, 2.0, 2.0), (4.0, 0.1, 1.0, 1.0), (0.5, 0.1, 1.0, 1.0))
 #: the noise variance (standardized units) every start of :data:`FIT_STARTS` begins from
 FIT_START_NOISE = 1e-2
@@ -182,10 +184,21 @@ def _inputs_frame(train_X):
     return (low + high) / 2, base
 
 
+def _checked_starts(starts) -> list:
+    try:
+        checked = [tuple(float(value) for value in start) for start in starts]
+    except (TypeError, ValueError):
+        checked = []
+    if not checked or not all(len(start) == 4 and all(math.isfinite(v) and v > 0 for v in start) for start in checked):
+        raise ValueError(f"starts must be a non-empty list of positive, finite (input, bias, hidden, output) scales, got {starts!r}")
+    return checked
+
+
 def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activation: str = "erf", ard=None,
-                      outcome_transform="standardize", input_transform=None) -> SingleTaskGP:
+                      outcome_transform="standardize", input_transform=None, starts=None) -> SingleTaskGP:
     """A ``SingleTaskGP`` with the :class:`InfiniteWidthKernel` of an MLP, its prior scales and
-    noise fitted by the exact marginal likelihood (BoTorch's ``fit_gpytorch_mll``).
+    noise fitted by the exact marginal likelihood (BoTorch's ``fit_gpytorch_mll``) from each of
+    :data:`FIT_STARTS`, side by side in one batch, the most probable fit kept per outcome.
 
     :param model: a :class:`~pyrobnn.models.BayesianModel` whose architecture and prior give the
         kernel (:func:`~pyrobnn.models.infinite_width.infinite_width_of`: its activation and depth,
@@ -194,6 +207,8 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         per feature on.
     :param outcome_transform: ``"standardize"`` (BoTorch's ``Standardize``), a BoTorch outcome
         transform, or ``None``.
+    :param starts: the ``(input, bias, hidden, output)`` scales the fit starts from, each a
+        positive 4-tuple; default :data:`FIT_STARTS` (the first replaced by ``model``'s scales).
     """
     if not isinstance(train_X, torch.Tensor) or train_X.dim() != 2 or train_X.shape[0] < 1:
         raise ValueError(f"train_X must be an (n, d) tensor with n >= 1, got {getattr(train_X, 'shape', type(train_X).__name__)}")
@@ -204,6 +219,8 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         raise ValueError(f"train_Y must be (n, m) with n = {train_X.shape[0]}, got {tuple(train_Y.shape)}")
     if not bool(torch.isfinite(train_X).all() and torch.isfinite(train_Y).all()):
         raise ValueError("train_X and train_Y must be finite")
+    if starts is not None:
+        starts = _checked_starts(starts)
     n, d = train_X.shape
     m = train_Y.shape[-1]
     init = None
@@ -224,9 +241,10 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
     y = train_Y
     if outcome_transform is not None:
         y, _ = copy.deepcopy(outcome_transform)(train_Y, X=x)
-    starts = list(FIT_STARTS)
-    if init is not None:
-        starts[0] = _scales_of(init)
+    if starts is None:
+        starts = list(FIT_STARTS)
+        if init is not None:
+            starts[0] = _scales_of(init)
     fitted = _fit_from_starts(x, y, starts, depth=depth, activation=activation, ard=ard, center=center, base_scale=base)
     kernel = InfiniteWidthKernel(d, depth=depth, activation=activation, ard=ard, center=center, base_scale=base,
                                  batch_shape=torch.Size([m]) if m > 1 else torch.Size([]))
@@ -263,7 +281,7 @@ def _fit_from_starts(x, y, starts, **kernel_options) -> dict:
         objective = gp.likelihood(gp(*gp.train_inputs)).log_prob(gp.train_targets)
         for _, module, prior, closure, _ in gp.named_priors():
             objective = objective + prior.log_prob(closure(module)).reshape(*batch, -1).sum(-1)
-    best = objective.argmax(0)  # () or (m,)
+    best = objective.nan_to_num(nan=-math.inf).argmax(0)  # () or (m,); a start whose fit broke down is never kept
     parameters = {}
     for name, parameter in gp.named_parameters():
         parameter = parameter.detach()
