@@ -259,9 +259,8 @@ def _fit_from_starts(x, y, starts, **kernel_options) -> dict:
     r"""Maximum a posteriori scales and noise of the :class:`InfiniteWidthKernel` GP on
     (transformed) inputs ``x`` ``(n, d)`` and outcomes ``y`` ``(n, m)``, from each of ``starts``
     (input, bias, hidden, output scales) at once: one GP batched over the starts (and the
-    outcomes), whose summed objective BoTorch's ``fit_gpytorch_mll`` maximizes; the starts'
-    objectives are independent, so this is ``len(starts)`` fits in the time of about one at these
-    sizes. Returns the parameters of an unbatched GP (batched over outcomes where ``m > 1``), per
+    outcomes), whose summed objective BoTorch's ``fit_gpytorch_mll`` maximizes (the starts'
+    objectives are independent: one L-BFGS run over all of them). Returns the parameters of an unbatched GP (batched over outcomes where ``m > 1``), per
     outcome those of the start whose fit has the highest log marginal likelihood plus log
     hyperprior density."""
     n, d = x.shape
