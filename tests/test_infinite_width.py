@@ -261,3 +261,14 @@ def test_bad_starts_are_refused_by_name(starts):
     X, Y = toy()
     with pytest.raises(ValueError, match="starts must be"):
         infinite_width_gp(X, Y, starts=starts)
+
+
+def test_a_learnable_input_transform_is_fitted_with_the_kernel():
+    from botorch.models.transforms.input import Warp
+
+    X, Y = toy()
+    warp = Warp(d=2, indices=[0, 1]).to(torch.float64)
+    before = [p.detach().clone() for p in warp.parameters()]
+    gp = infinite_width_gp(X, Y, input_transform=warp)
+    assert any(not torch.allclose(b, p.detach()) for b, p in zip(before, gp.input_transform.parameters()))
+    assert bool(torch.isfinite(gp.posterior(X[:4]).mean).all())

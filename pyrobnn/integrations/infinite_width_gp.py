@@ -232,7 +232,8 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
     x = train_X
     if input_transform is not None:
         input_transform.train()
-        x = input_transform.preprocess_transform(train_X)
+        with torch.no_grad():  # the inputs' frame and the starts' fit hold a learnable transform at its initial value
+            x = input_transform.preprocess_transform(train_X)
     center, base = _inputs_frame(x)
     if isinstance(outcome_transform, str):
         if outcome_transform != "standardize":
@@ -249,9 +250,15 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
     kernel = InfiniteWidthKernel(d, depth=depth, activation=activation, ard=ard, center=center, base_scale=base,
                                  batch_shape=torch.Size([m]) if m > 1 else torch.Size([]))
     gp = SingleTaskGP(train_X, train_Y, covar_module=kernel, outcome_transform=outcome_transform, input_transform=input_transform)
+    learnable_transform = False
     with torch.no_grad():
         for name, parameter in gp.named_parameters():
-            parameter.copy_(fitted[name])
+            if name in fitted:
+                parameter.copy_(fitted[name])
+            else:  # an input transform's own parameters (e.g. BoTorch's Warp)
+                learnable_transform = True
+    if learnable_transform:  # fitted with the kernel, from the best start's fit
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
     return gp.eval()
 
 
@@ -260,9 +267,9 @@ def _fit_from_starts(x, y, starts, **kernel_options) -> dict:
     (transformed) inputs ``x`` ``(n, d)`` and outcomes ``y`` ``(n, m)``, from each of ``starts``
     (input, bias, hidden, output scales) at once: one GP batched over the starts (and the
     outcomes), whose summed objective BoTorch's ``fit_gpytorch_mll`` maximizes (the starts'
-    objectives are independent: one L-BFGS run over all of them). Returns the parameters of an unbatched GP (batched over outcomes where ``m > 1``), per
-    outcome those of the start whose fit has the highest log marginal likelihood plus log
-    hyperprior density."""
+    objectives are independent: one L-BFGS run over all of them). Returns the parameters of an
+    unbatched GP (batched over outcomes where ``m > 1``) by name, per outcome those of the start
+    whose fit has the highest log marginal likelihood plus log hyperprior density."""
     n, d = x.shape
     m = y.shape[-1]
     k = len(starts)
