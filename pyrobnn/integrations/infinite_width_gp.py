@@ -96,12 +96,13 @@ class InfiniteWidthKernel(Kernel):
     hidden layers) and ``output_scale`` :math:`\sigma_o` (the last layer's weights); the first
     layer's weights have scale 1 on the scaled inputs :math:`z = (x - c) \odot s_0 \odot s`, with
     :math:`c` ``center`` and :math:`s_0` ``base_scale`` fixed (the training inputs' mid-range and
-    2 / range, so that :math:`s = 1` maps them onto [-1, 1])."""
+    2 / range, so that :math:`s = 1` maps them onto [-1, 1]). The scales start at
+    :data:`FIT_STARTS`' first."""
 
     has_lengthscale = False
 
     def __init__(self, d: int, *, depth: int = 2, activation: str = "erf", ard: bool = False, center=None, base_scale=None,
-                 batch_shape=torch.Size([]), init: InfiniteWidthMLP = None, **kwargs):
+                 batch_shape=torch.Size([]), **kwargs):
         super().__init__(batch_shape=batch_shape, **kwargs)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -112,7 +113,7 @@ class InfiniteWidthKernel(Kernel):
         device = None if center is None else center.device
         self.register_buffer("center", torch.zeros(d, dtype=dtype, device=device) if center is None else center.clone())
         self.register_buffer("base_scale", torch.ones(d, dtype=dtype, device=device) if base_scale is None else base_scale.clone())
-        start = dict(zip(SCALE_NAMES, FIT_STARTS[0] if init is None else _scales_of(init)))
+        start = dict(zip(SCALE_NAMES, FIT_STARTS[0]))  # infinite_width_gp sets its starts
         low, high = SCALE_BOUNDS
         for name, value in start.items():
             shape = (*batch_shape, 1, d if (name == "input_scale" and self.ard) else 1)
