@@ -54,6 +54,8 @@ def main(argv=None):
     parser.add_argument("--sizes", nargs="+", type=int, default=[10, 20, 40])
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.seeds < 1 or min(args.sizes) < 2:
+        parser.error(f"--seeds must be at least 1 and every --sizes at least 2, got {args.seeds} and {args.sizes}")
     warnings.filterwarnings("ignore")  # BoTorch's input-scaling and optimization warnings at these sizes
     from torch.quasirandom import SobolEngine
 
