@@ -276,3 +276,31 @@ def test_a_learnable_input_transform_is_fitted_with_the_kernel():
             p.copy_(b)
     assert fitted > float(map_objective(gp)) + 1e-3  # fitting the warp raised the objective it maximizes
     assert bool(torch.isfinite(gp.posterior(X[:4]).mean).all())
+
+
+def test_the_relu_expectations_derivative_is_exact_up_to_equal_inputs():
+    """d/dc of J(c)/(2 pi) is (pi - arccos c)/(2 pi), finite at c = 1; a correlation held below 1
+    had a zero derivative there, and autograd through arccos an infinite one."""
+    c = torch.tensor([-0.6, 0.3, 1 - 1e-9, 1.0], dtype=torch.float64, requires_grad=True)
+    one = torch.ones(4, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(activation_expectation("relu", one, c, one).sum(), c)
+    torch.testing.assert_close(grad, (math.pi - torch.acos(c.detach())) / (2 * math.pi), rtol=1e-12, atol=1e-12)
+    assert closed_form("relu", 1.0, 1.0, 1.0) == pytest.approx(0.5)  # E[relu(u)^2] = K/2
+
+
+@pytest.mark.parametrize("scales", [(0.2, 3.0, 5.0, 5.0), (0.1, 10.0, 10.0, 10.0)])
+def test_the_relu_kernel_of_nearly_equal_inputs_stays_positive_semidefinite(scales):
+    """Large biases and small input scales put every correlation near 1: held below 1 by 1e-7,
+    the matrix was indefinite (smallest eigenvalue -4e-9 and -6e-9 of the largest here), and the
+    fits on Branin at 40 points failed ('All attempts to fit the model have failed')."""
+    from torch.quasirandom import SobolEngine
+
+    X = SobolEngine(2, scramble=True, seed=2).draw(40).to(torch.float64)
+    kernel = InfiniteWidthKernel(2, activation="relu", center=torch.full((2,), 0.5, dtype=torch.float64),
+                                 base_scale=torch.full((2,), 2.0, dtype=torch.float64))
+    for name, value in zip(("input_scale", "bias_scale", "hidden_scale", "output_scale"), scales):
+        kernel._set_scale(name, torch.tensor(value, dtype=torch.float64))
+    with torch.no_grad():
+        eigenvalues = torch.linalg.eigvalsh(kernel(X).to_dense())
+    assert float(eigenvalues.min()) > -1e-11 * float(eigenvalues.max())
+

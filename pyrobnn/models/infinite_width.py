@@ -50,8 +50,30 @@ __all__ = ["Erf", "InputScaling", "InfiniteWidthMLP", "nngp_covariance", "activa
 #: the activations whose infinite-width expectation has a closed form here
 ACTIVATIONS = ("erf", "relu")
 
-#: how close to +-1 a correlation may come before arcsin/arccos, whose derivatives are infinite there
+#: how close to +-1 the erf kernel's correlation may come before arcsin, whose derivative is
+#: infinite there (its correlation is below 1 by construction; the guard is for rounding)
 _CORRELATION_EDGE = 1e-7
+
+
+class _ArcCosine(torch.autograd.Function):
+    r""":math:`J(c) = \sin\theta + (\pi - \theta)\cos\theta` at :math:`c = \cos\theta`
+    (Cho & Saul 2009's first-order arc-cosine function), with its derivative :math:`J'(c) = \pi -
+    \theta` in closed form. Through ``acos`` and ``sqrt`` autograd would sum two infinite terms
+    at :math:`c = 1` (the kernel's diagonal, and nearly equal inputs), and a correlation held
+    below 1 to avoid them perturbs a nearly singular kernel matrix enough to make it indefinite
+    (ReLU kernels of inputs in few dimensions, or behind large biases)."""
+
+    @staticmethod
+    def forward(ctx, cos):
+        cos = cos.clamp(-1.0, 1.0)
+        ctx.save_for_backward(cos)
+        theta = torch.acos(cos)
+        return torch.sin(theta) + (math.pi - theta) * cos
+
+    @staticmethod
+    def backward(ctx, grad):
+        (cos,) = ctx.saved_tensors
+        return grad * (math.pi - torch.acos(cos))  # differentiable again (second derivatives are infinite at c = 1)
 
 
 class Erf(nn.Module):
@@ -94,9 +116,7 @@ def activation_expectation(activation: str, kxx, kxy, kyy):
         return (2 / math.pi) * torch.asin(rho.clamp(-1 + _CORRELATION_EDGE, 1 - _CORRELATION_EDGE))
     if activation == "relu":
         norms = torch.sqrt(kxx * kyy)
-        cos = (kxy / norms).clamp(-1 + _CORRELATION_EDGE, 1 - _CORRELATION_EDGE)
-        theta = torch.acos(cos)
-        return norms * (torch.sin(theta) + (math.pi - theta) * cos) / (2 * math.pi)
+        return norms * _ArcCosine.apply(kxy / norms) / (2 * math.pi)
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
