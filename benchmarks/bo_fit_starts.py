@@ -3,6 +3,7 @@ evidence for :data:`pyrobnn.integrations.infinite_width_gp.FIT_STARTS`.
 
     python benchmarks/bo_fit_starts.py            # the development problems, n = 10, 20, 40, 3 designs (minutes)
     python benchmarks/bo_fit_starts.py --problems rosenbrock5 levy4 griewank8 styblinskitang10   # held out
+    python benchmarks/bo_fit_starts.py --activation relu   # the ReLU kernel's fit (the default: erf's)
 
 Per problem, n and design (``n`` scrambled Sobol points, the design BO starts from): the
 maximized objective of BoTorch's ``fit_gpytorch_mll`` (the log marginal likelihood plus the
@@ -53,6 +54,8 @@ def main(argv=None):
     parser.add_argument("--problems", nargs="+", default=DEVELOPMENT, choices=DEVELOPMENT + HELD_OUT + REGIMES[:2])
     parser.add_argument("--sizes", nargs="+", type=int, default=[10, 20, 40])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--activation", default="erf", choices=["erf", "relu"],
+                        help="the kernel whose fit is measured (infinite_width_gp fits each from the same starts)")
     args = parser.parse_args(argv)
     if args.seeds < 1 or min(args.sizes) < 2:
         parser.error(f"--seeds must be at least 1 and every --sizes at least 2, got {args.seeds} and {args.sizes}")
@@ -71,7 +74,7 @@ def main(argv=None):
                 row = dict(problem=name, n=n, seed=seed)
                 for arm, starts in (("first", FIT_STARTS[:1]), ("fit_starts", FIT_STARTS), ("grid", GRID)):
                     t0 = time.perf_counter()
-                    gp = infinite_width_gp(X, Y, starts=starts)
+                    gp = infinite_width_gp(X, Y, activation=args.activation, starts=starts)
                     row[arm] = dict(objective=objective(gp), noise=float(gp.likelihood.noise.detach().max()),
                                     seconds=time.perf_counter() - t0)
                 rows.append(row)

@@ -6,7 +6,8 @@ hyperparameters are the network's prior scales: the inputs' inverse length scale
 feature, ARD, or one shared), the biases' scale, the hidden weights' scale and the output weights'
 scale. :func:`infinite_width_gp` fits it by BoTorch's exact marginal likelihood
 (``fit_gpytorch_mll``, maximum a posteriori under weak hyperpriors, from several starts: the
-posterior over the scales has a mode that calls the data noise) in a ``SingleTaskGP``: a surrogate with a BNN's prior and exact inference
+posterior over the scales has a mode that calls the data noise), and chooses the activation (erf
+or ReLU) by the same objective, in a ``SingleTaskGP``: a surrogate with a BNN's prior and exact inference
 (Li et al. 2024 find the infinite-width BNN strong in high dimensions; BoTorch's
 ``InfiniteWidthBNNKernel`` is the ReLU one with fixed scales).
 
@@ -195,15 +196,35 @@ def _checked_starts(starts) -> list:
     return checked
 
 
-def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activation: str = "erf", ard=None,
+def _checked_activations(activation) -> tuple:
+    """``activation`` as a tuple of known activations, refused by name when it is not one."""
+    activations = (activation,) if isinstance(activation, str) else activation
+    try:
+        activations = tuple(activations)
+    except TypeError:
+        activations = ()
+    if not activations or not all(isinstance(a, str) and a in ACTIVATIONS for a in activations):
+        raise ValueError(f"activation must be one of {ACTIVATIONS} or a non-empty sequence of them, got {activation!r}")
+    return tuple(dict.fromkeys(activations))
+
+
+def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activation=ACTIVATIONS, ard=None,
                       outcome_transform="standardize", input_transform=None, starts=None) -> SingleTaskGP:
     """A ``SingleTaskGP`` with the :class:`InfiniteWidthKernel` of an MLP, its prior scales and
     noise fitted by the exact marginal likelihood (BoTorch's ``fit_gpytorch_mll``) from each of
-    :data:`FIT_STARTS`, side by side in one batch, the most probable fit kept per outcome.
+    :data:`FIT_STARTS`, side by side in one batch, the most probable fit kept per outcome; with
+    several activations, the kernel of each is fitted so and the activation whose fit is the most
+    probable (its objective summed over the outcomes) is kept: the network's nonlinearity chosen by
+    the data like its scales (type-II maximum a posteriori over a discrete hyperparameter).
 
     :param model: a :class:`~pyrobnn.models.BayesianModel` whose architecture and prior give the
         kernel (:func:`~pyrobnn.models.infinite_width.infinite_width_of`: its activation and depth,
         its scales as the starting point); default: ``depth`` hidden layers of ``activation``.
+    :param activation: ``"erf"``, ``"relu"``, or several of them to choose among (default: both).
+        With erf units and small biases the prior is nearly odd about the data's center (every
+        function it believes in is largest on the boundary, opposite its smallest); ReLU units add
+        an even part (a bowl). docs/bayesopt.md says which the fit chose on the development
+        problems and what that did to the regret.
     :param ard: one input scale per feature; default: from :data:`ARD_POINTS_PER_FEATURE` points
         per feature on.
     :param outcome_transform: ``"standardize"`` (BoTorch's ``Standardize``), a BoTorch outcome
@@ -222,12 +243,13 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         raise ValueError("train_X and train_Y must be finite")
     if starts is not None:
         starts = _checked_starts(starts)
+    activations = _checked_activations(activation)
     n, d = train_X.shape
     m = train_Y.shape[-1]
     init = None
     if model is not None:
         init = infinite_width_of(model)
-        depth, activation = init.depth, init.activation
+        depth, activations = init.depth, (init.activation,)
     if ard is None:
         ard = n >= ARD_POINTS_PER_FEATURE * d
     x = train_X
@@ -247,7 +269,9 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         starts = list(FIT_STARTS)
         if init is not None:
             starts[0] = _scales_of(init)
-    fitted = _fit_from_starts(x, y, starts, depth=depth, activation=activation, ard=ard, center=center, base_scale=base)
+    fits = [_fit_from_starts(x, y, starts, depth=depth, activation=a, ard=ard, center=center, base_scale=base) for a in activations]
+    best = max(range(len(fits)), key=lambda i: fits[i][1])  # the first among equals; a fit that broke down scores -inf
+    fitted, activation = fits[best][0], activations[best]
     kernel = InfiniteWidthKernel(d, depth=depth, activation=activation, ard=ard, center=center, base_scale=base,
                                  batch_shape=torch.Size([m]) if m > 1 else torch.Size([]))
     gp = SingleTaskGP(train_X, train_Y, covar_module=kernel, outcome_transform=outcome_transform, input_transform=input_transform)
@@ -263,14 +287,15 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
     return gp.eval()
 
 
-def _fit_from_starts(x, y, starts, **kernel_options) -> dict:
+def _fit_from_starts(x, y, starts, **kernel_options) -> tuple:
     r"""Maximum a posteriori scales and noise of the :class:`InfiniteWidthKernel` GP on
     (transformed) inputs ``x`` ``(n, d)`` and outcomes ``y`` ``(n, m)``, from each of ``starts``
     (input, bias, hidden, output scales) at once: one GP batched over the starts (and the
     outcomes), whose summed objective BoTorch's ``fit_gpytorch_mll`` maximizes (the starts'
     objectives are independent: one L-BFGS run over all of them). Returns the parameters of an
     unbatched GP (batched over outcomes where ``m > 1``) by name, per outcome those of the start
-    whose fit has the highest log marginal likelihood plus log hyperprior density."""
+    whose fit has the highest log marginal likelihood plus log hyperprior density; and the sum of
+    those objectives over the outcomes (``-inf`` where every start's fit broke down)."""
     n, d = x.shape
     m = y.shape[-1]
     k = len(starts)
@@ -293,7 +318,8 @@ def _fit_from_starts(x, y, starts, **kernel_options) -> dict:
     for name, parameter in gp.named_parameters():
         parameter = parameter.detach()
         parameters[name] = parameter[best, torch.arange(m, device=best.device)] if m > 1 else parameter[best]
-    return parameters
+    kept = objective.nan_to_num(nan=-math.inf).max(0).values
+    return parameters, float(kept.sum())
 
 
 def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation: str = "erf", ard=None):
@@ -317,7 +343,7 @@ def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activ
 
     first = nets[0]
     net = InfiniteWidthMLP(
-        activation,
+        kernel.activation,
         tuple(geometric([n.weight_scales[i] for n in nets]) for i in range(len(first.weight_scales))),
         tuple(geometric([n.bias_scales[i] for n in nets]) for i in range(len(first.bias_scales))),
         first.input_center,
