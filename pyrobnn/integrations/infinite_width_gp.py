@@ -322,7 +322,7 @@ def _fit_from_starts(x, y, starts, **kernel_options) -> tuple:
     return parameters, float(kept.sum())
 
 
-def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation: str = "erf", ard=None):
+def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation="erf", ard=None):
     r"""A :class:`~pyrobnn.models.BayesianModel` for ``(train_X, train_Y)`` (in the units it will
     be fitted in: BO surrogates fit standardized outcomes) whose prior was chosen by the data:
     :func:`infinite_width_gp` fitted without an outcome transform, its scales as the weight
@@ -330,7 +330,10 @@ def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activ
     units (:meth:`InfiniteWidthMLP.bayesian_model`) and its noise standard deviation as the
     Gaussian likelihood's fixed scale (BoTorch's floor, a variance of 1e-4, holds it off zero on
     noiseless objectives). With several outcomes, the scales are the geometric means of the
-    per-outcome fits (the network's hidden layers are shared)."""
+    per-outcome fits (the network's hidden layers are shared). ``activation`` is
+    :func:`infinite_width_gp`'s: one, or several for the fit to choose among; erf by default (the
+    finite surrogates with the chosen activation did not gain on the development problems,
+    docs/bayesopt.md)."""
     if not (isinstance(width, int) and width >= 1):
         raise ValueError(f"width must be a positive integer, got {width!r}")
     gp = infinite_width_gp(train_X, train_Y, depth=depth, activation=activation, ard=ard, outcome_transform=None)
