@@ -134,7 +134,7 @@ def test_networks_without_this_limit_are_refused_by_name():
 
 botorch = pytest.importorskip("botorch", reason="the infinite-width GP needs the bo extra: pip install 'pyrobnn[bo]'")
 
-from pyrobnn.integrations.infinite_width_gp import SCALE_BOUNDS, InfiniteWidthKernel, calibrated_model, infinite_width_gp  # noqa: E402
+from pyrobnn.integrations.infinite_width_gp import SCALE_BOUNDS, SCALE_NAMES, InfiniteWidthKernel, calibrated_model, infinite_width_gp  # noqa: E402
 
 
 def toy(n=30, d=2, seed=0, m=1):
@@ -298,7 +298,7 @@ def test_the_relu_kernel_of_nearly_equal_inputs_stays_positive_semidefinite(scal
     X = SobolEngine(2, scramble=True, seed=2).draw(40).to(torch.float64)
     kernel = InfiniteWidthKernel(2, activation="relu", center=torch.full((2,), 0.5, dtype=torch.float64),
                                  base_scale=torch.full((2,), 2.0, dtype=torch.float64))
-    for name, value in zip(("input_scale", "bias_scale", "hidden_scale", "output_scale"), scales):
+    for name, value in zip(SCALE_NAMES, scales):
         kernel._set_scale(name, torch.tensor(value, dtype=torch.float64))
     with torch.no_grad():
         eigenvalues = torch.linalg.eigvalsh(kernel(X).to_dense())

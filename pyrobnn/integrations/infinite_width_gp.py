@@ -313,12 +313,11 @@ def _fit_from_starts(x, y, starts, **kernel_options) -> tuple:
         objective = gp.likelihood(gp(*gp.train_inputs)).log_prob(gp.train_targets)
         for _, module, prior, closure, _ in gp.named_priors():
             objective = objective + prior.log_prob(closure(module)).reshape(*batch, -1).sum(-1)
-    best = objective.nan_to_num(nan=-math.inf).argmax(0)  # () or (m,); a start whose fit broke down is never kept
+    kept, best = objective.nan_to_num(nan=-math.inf).max(0)  # () or (m,); a start whose fit broke down is never kept
     parameters = {}
     for name, parameter in gp.named_parameters():
         parameter = parameter.detach()
         parameters[name] = parameter[best, torch.arange(m, device=best.device)] if m > 1 else parameter[best]
-    kept = objective.nan_to_num(nan=-math.inf).max(0).values
     return parameters, float(kept.sum())
 
 
