@@ -322,7 +322,7 @@ def test_the_activation_is_the_more_probable_ones():
         gp = infinite_width_gp(X, Y)
         assert gp.covar_module.activation == expected
         assert max(each, key=each.get) == expected and abs(each["erf"] - each["relu"]) > 5  # nats: not a near tie
-        assert float(map_objective(gp)) == pytest.approx(each[expected], abs=1e-6)
+        assert float(map_objective(gp)) >= each[expected] - 0.05  # nats: one L-BFGS run fits both, on their summed objective
         model = calibrated_model(X, Y, width=4, activation=("erf", "relu"))
         assert infinite_width_of(model).activation == expected
     X, Y, _ = bowl_and_odd()[0]

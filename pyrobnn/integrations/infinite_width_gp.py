@@ -157,13 +157,18 @@ class InfiniteWidthKernel(Kernel):
     def forward(self, x1, x2, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             raise NotImplementedError("InfiniteWidthKernel does not take last_dim_is_batch")
-        scale = self.base_scale * self.input_scale  # (*batch, 1, d)
+        return self._covariance(x1, x2, self.activation, [self.input_scale, self.bias_scale, self.hidden_scale, self.output_scale], diag)
+
+    def _covariance(self, x1, x2, activation, scales, diag):
+        """The NNGP covariance of ``activation`` with ``scales`` (``input, bias, hidden, output``)."""
+        input_scale, bias_scale, hidden_scale, output_scale = scales
+        scale = self.base_scale * input_scale  # (*batch, 1, d)
         z1 = (x1 - self.center) * scale
         z2 = (x2 - self.center) * scale
-        one = torch.ones_like(self.bias_scale)
-        weights = [one] + [self.hidden_scale] * (self.depth - 1) + [self.output_scale]
-        biases = [self.bias_scale] * (self.depth + 1)
-        return nngp_covariance(z1, z2, activation=self.activation, weight_scales=weights, bias_scales=biases, diag=diag)
+        one = torch.ones_like(bias_scale)
+        weights = [one] + [hidden_scale] * (self.depth - 1) + [output_scale]
+        biases = [bias_scale] * (self.depth + 1)
+        return nngp_covariance(z1, z2, activation=activation, weight_scales=weights, bias_scales=biases, diag=diag)
 
     def network(self, output: int = 0) -> InfiniteWidthMLP:
         """The finite network's description with these scales (of output ``output`` in a batch
@@ -176,6 +181,29 @@ class InfiniteWidthKernel(Kernel):
         weights = (1.0,) + (float(value(self.hidden_scale)),) * (self.depth - 1) + (float(value(self.output_scale)),)
         return InfiniteWidthMLP(self.activation, weights, (biases,) * (self.depth + 1), self.center.detach().clone(),
                                 (self.base_scale * value(self.input_scale)).detach().clone())
+
+
+class _ActivationsKernel(InfiniteWidthKernel):
+    """:class:`InfiniteWidthKernel` batched over ``activations`` as well: its leading batch
+    dimension holds one equal block per activation, block ``i`` the kernel of ``activations[i]``,
+    so that one L-BFGS run fits every activation from every start (the fit's cost is then the
+    longest of theirs, not their sum)."""
+
+    def __init__(self, d: int, *, activations, batch_shape, **kwargs):
+        if batch_shape[0] % len(activations):
+            raise ValueError(f"the leading batch size {batch_shape[0]} is not a multiple of {len(activations)} activations")
+        super().__init__(d, activation=activations[0], batch_shape=batch_shape, **kwargs)
+        self.activations = tuple(activations)
+
+    def forward(self, x1, x2, diag: bool = False, last_dim_is_batch: bool = False, **params):
+        if last_dim_is_batch:
+            raise NotImplementedError("InfiniteWidthKernel does not take last_dim_is_batch")
+        blocks = len(self.activations)
+        x1 = x1.expand(*self.batch_shape, *x1.shape[-2:]).chunk(blocks)
+        x2 = x2.expand(*self.batch_shape, *x2.shape[-2:]).chunk(blocks)
+        scales = [s.chunk(blocks) for s in (self.input_scale, self.bias_scale, self.hidden_scale, self.output_scale)]
+        return torch.cat([self._covariance(x1[i], x2[i], activation, [s[i] for s in scales], diag)
+                          for i, activation in enumerate(self.activations)])
 
 
 def _inputs_frame(train_X):
@@ -213,8 +241,8 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
     """A ``SingleTaskGP`` with the :class:`InfiniteWidthKernel` of an MLP, its prior scales and
     noise fitted by the exact marginal likelihood (BoTorch's ``fit_gpytorch_mll``) from each of
     :data:`FIT_STARTS`, side by side in one batch, the most probable fit kept per outcome; with
-    several activations, the kernel of each is fitted so and the activation whose fit is the most
-    probable (its objective summed over the outcomes) is kept: the network's nonlinearity chosen by
+    several activations, the kernel of each is fitted so, all in the same batch, and the activation
+    whose fit is the most probable (its objective summed over the outcomes) is kept: the network's nonlinearity chosen by
     the data like its scales (type-II maximum a posteriori over a discrete hyperparameter).
 
     :param model: a :class:`~pyrobnn.models.BayesianModel` whose architecture and prior give the
@@ -269,9 +297,7 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         starts = list(FIT_STARTS)
         if init is not None:
             starts[0] = _scales_of(init)
-    fits = [_fit_from_starts(x, y, starts, depth=depth, activation=a, ard=ard, center=center, base_scale=base) for a in activations]
-    best = max(range(len(fits)), key=lambda i: fits[i][1])  # the first among equals; a fit that broke down scores -inf
-    fitted, activation = fits[best][0], activations[best]
+    activation, fitted = _fit_from_starts(x, y, starts, activations, depth=depth, ard=ard, center=center, base_scale=base)
     kernel = InfiniteWidthKernel(d, depth=depth, activation=activation, ard=ard, center=center, base_scale=base,
                                  batch_shape=torch.Size([m]) if m > 1 else torch.Size([]))
     gp = SingleTaskGP(train_X, train_Y, covar_module=kernel, outcome_transform=outcome_transform, input_transform=input_transform)
@@ -287,38 +313,43 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
     return gp.eval()
 
 
-def _fit_from_starts(x, y, starts, **kernel_options) -> tuple:
+def _fit_from_starts(x, y, starts, activations, **kernel_options) -> tuple:
     r"""Maximum a posteriori scales and noise of the :class:`InfiniteWidthKernel` GP on
-    (transformed) inputs ``x`` ``(n, d)`` and outcomes ``y`` ``(n, m)``, from each of ``starts``
-    (input, bias, hidden, output scales) at once: one GP batched over the starts (and the
-    outcomes), whose summed objective BoTorch's ``fit_gpytorch_mll`` maximizes (the starts'
-    objectives are independent: one L-BFGS run over all of them). Returns the parameters of an
-    unbatched GP (batched over outcomes where ``m > 1``) by name, per outcome those of the start
-    whose fit has the highest log marginal likelihood plus log hyperprior density; and the sum of
-    those objectives over the outcomes (``-inf`` where every start's fit broke down)."""
+    (transformed) inputs ``x`` ``(n, d)`` and outcomes ``y`` ``(n, m)``, for each of
+    ``activations`` from each of ``starts`` (input, bias, hidden, output scales) at once: one GP
+    batched over the activations, the starts (and the outcomes), whose summed objective BoTorch's
+    ``fit_gpytorch_mll`` maximizes (their objectives are independent: one L-BFGS run over all of
+    them). Per activation and outcome the start whose fit has the highest log marginal likelihood
+    plus log hyperprior density is kept; the activation kept is the one whose kept objectives sum
+    highest over the outcomes (the first among equals; a fit that broke down scores ``-inf``).
+    Returns that activation and the parameters of an unbatched GP (batched over outcomes where
+    ``m > 1``) by name."""
     n, d = x.shape
     m = y.shape[-1]
-    k = len(starts)
+    a, k = len(activations), len(starts)
     outcomes = torch.Size([m]) if m > 1 else torch.Size([])
-    kernel = InfiniteWidthKernel(d, batch_shape=torch.Size([k]) + outcomes, **kernel_options)
-    start = torch.tensor(starts, dtype=x.dtype, device=x.device)  # (k, 4)
+    kernel = _ActivationsKernel(d, activations=activations, batch_shape=torch.Size([a * k]) + outcomes, **kernel_options)
+    start = torch.tensor(starts, dtype=x.dtype, device=x.device).repeat(a, 1)  # (a k, 4): every activation from every start
     for column, name in enumerate(SCALE_NAMES):
-        kernel._set_scale(name, start[:, column].reshape(k, *(1,) * (getattr(kernel, f"raw_{name}").dim() - 1)))
-    gp = SingleTaskGP(x.expand(k, n, d), y.expand(k, n, m), covar_module=kernel)
+        kernel._set_scale(name, start[:, column].reshape(a * k, *(1,) * (getattr(kernel, f"raw_{name}").dim() - 1)))
+    gp = SingleTaskGP(x.expand(a * k, n, d), y.expand(a * k, n, m), covar_module=kernel)
     gp.likelihood.noise = torch.full_like(gp.likelihood.noise, FIT_START_NOISE)
     fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
     gp.train()
-    batch = (k,) + tuple(outcomes)
-    with torch.no_grad():  # per start (and outcome): log p(y | scales, noise) + log p(scales, noise)
+    batch = (a * k,) + tuple(outcomes)
+    with torch.no_grad():  # per activation, start (and outcome): log p(y | scales, noise) + log p(scales, noise)
         objective = gp.likelihood(gp(*gp.train_inputs)).log_prob(gp.train_targets)
         for _, module, prior, closure, _ in gp.named_priors():
             objective = objective + prior.log_prob(closure(module)).reshape(*batch, -1).sum(-1)
-    kept, best = objective.nan_to_num(nan=-math.inf).max(0)  # () or (m,); a start whose fit broke down is never kept
+    kept, best = objective.nan_to_num(nan=-math.inf).reshape(a, k, *outcomes).max(1)  # (a,) or (a, m); a broken fit is never kept
+    totals = kept.reshape(a, -1).sum(-1).tolist()
+    chosen = max(range(a), key=totals.__getitem__)  # the first among equals
+    index = chosen * k + best[chosen]  # () or (m,): the kept start's place in the batch
     parameters = {}
     for name, parameter in gp.named_parameters():
         parameter = parameter.detach()
-        parameters[name] = parameter[best, torch.arange(m, device=best.device)] if m > 1 else parameter[best]
-    return parameters, float(kept.sum())
+        parameters[name] = parameter[index, torch.arange(m, device=index.device)] if m > 1 else parameter[index]
+    return activations[chosen], parameters
 
 
 def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation="erf", ard=None):
