@@ -314,7 +314,7 @@ def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data(
     s = fit_surrogate(X, Y, "laplace", options=QUICK["laplace"], num_samples=4)
     # the surrogate's prior is the infinite-width GP's fit to the standardized data
     y = (Y - Y.mean()) / Y.std()
-    gp = infinite_width_gp(X, y, activation="erf", outcome_transform=None)
+    gp = infinite_width_gp(X, y, activation="erf", ard=False, outcome_transform=None)  # calibrated_model's shape: 6 points per feature
     expected, got = gp.covar_module.network(), infinite_width_of(s.result.model)
     torch.testing.assert_close(torch.tensor(got.weight_scales), torch.tensor(expected.weight_scales), rtol=1e-6, atol=0)
     torch.testing.assert_close(torch.tensor(got.bias_scales), torch.tensor(expected.bias_scales), rtol=1e-6, atol=0)

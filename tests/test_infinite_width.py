@@ -249,10 +249,10 @@ def test_the_fit_keeps_the_most_probable_of_its_starts():
 def test_each_outcome_keeps_its_own_best_start():
     X, y = hartmann6()
     Y = torch.cat([y, torch.sin(6 * X[:, :1]) + X[:, 1:2]], -1)
-    gp = infinite_width_gp(X, Y, activation="erf")  # one activation: each outcome may prefer another
+    gp = infinite_width_gp(X, Y, activation="erf", ard=False)  # one activation and shape: each outcome may prefer another
     both = map_objective(gp)
     for i in range(2):
-        alone = map_objective(infinite_width_gp(X, Y[:, i:i + 1], activation="erf"))
+        alone = map_objective(infinite_width_gp(X, Y[:, i:i + 1], activation="erf", ard=False))
         assert float(both[i]) == pytest.approx(float(alone), abs=0.05)
 
 
@@ -327,6 +327,30 @@ def test_the_activation_is_the_more_probable_ones():
         assert infinite_width_of(model).activation == expected
     X, Y, _ = bowl_and_odd()[0]
     assert infinite_width_of(calibrated_model(X, Y, width=4)).activation == "erf"  # the finite surrogates' default
+
+
+def test_one_scale_per_feature_only_where_the_data_pay_for_its_extra_scales():
+    """Below ARD_POINTS_PER_FEATURE points per feature the fit keeps ARD where its objective beats
+    the shared scale's by more than Schwarz's (d - 1)/2 log n: not on a 6-D bowl where two features
+    weigh 2 times the others (ARD ahead by 5 nats: the more probable fit, but not by the penalty's
+    8.5), and where the last feature weighs 3 times (ARD ahead by 12 nats)."""
+    from torch.quasirandom import SobolEngine
+
+    d, n = 6, 30
+    X = SobolEngine(d, scramble=True, seed=0).draw(n).to(torch.float64)
+    penalty = (d - 1) / 2 * math.log(n)
+    for weights, expected in (((1, 1, 1, 1, 2, 2), False), ((1, 1, 1, 1, 1, 3), True)):
+        Y = (torch.tensor(weights, dtype=torch.float64) * (X - 0.5) ** 2).sum(-1, keepdim=True).sqrt()
+        fits = {ard: float(map_objective(infinite_width_gp(X, Y, activation="erf", ard=ard))) for ard in (False, True)}
+        gain = fits[True] - fits[False]
+        assert gain > 2 and abs(gain - penalty) > 2  # nats: ARD's fit the more probable, and not a near tie with the penalty
+        gp = infinite_width_gp(X, Y, activation="erf")
+        assert gp.covar_module.ard == expected == (gain > penalty)
+        assert float(map_objective(gp)) == pytest.approx(fits[expected], abs=0.05)
+    # the finite network keeps one shared scale below the rule, though ARD is chosen for its limit on these data
+    assert infinite_width_gp(X, Y, activation="erf", outcome_transform=None).covar_module.ard
+    relative = infinite_width_of(calibrated_model(X, Y, width=4)).input_scale * (X.max(0).values - X.min(0).values) / 2
+    torch.testing.assert_close(relative, relative[:1].expand_as(relative), rtol=1e-9, atol=0)
 
 
 @pytest.mark.parametrize("activation", ["tanh", (), ["erf", 3], 3])

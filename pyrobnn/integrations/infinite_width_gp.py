@@ -49,9 +49,14 @@ __all__ = ["InfiniteWidthKernel", "infinite_width_gp", "calibrated_model", "ARD_
            "FIT_STARTS", "FIT_START_NOISE"]
 
 #: one length scale per input feature (ARD) from this many training points per feature on; below
-#: it one shared scale. Chosen on the development problems of ``benchmarks/bo_calibration.py``:
-#: on Branin at n = 50 (25 per feature) ARD's held-out NLL was -2.6 against -1.2 shared; on
-#: Levy-20 at n = 20 (1 per feature) ARD over-fitted (NLL 7.5 against 2.3 shared).
+#: it :func:`infinite_width_gp` fits both and keeps ARD only where its fit beats the shared
+#: scale's by more than Schwarz's penalty, (d - 1)/2 log n nats per outcome (the fit's
+#: objective is a maximum: with d - 1 more scales it is higher even where they explain nothing),
+#: and :func:`calibrated_model` keeps one shared scale. Chosen on the development problems of
+#: ``benchmarks/bo_calibration.py``: on Branin at n = 50 (25 per feature) ARD's held-out NLL was
+#: -2.6 against -1.2 shared; on Levy-20 at n = 20 (1 per feature) ARD over-fitted (NLL 7.5 against
+#: 2.3 shared), though in 2 of 3 Sobol designs its fit was the more probable (by 0.7 and 1.3 nats,
+#: far less than the penalty's 28).
 ARD_POINTS_PER_FEATURE = 10
 
 #: every prior scale of the kernel lies in this interval, under a LogNormal(0, 1.5) hyperprior
@@ -253,8 +258,12 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         function it believes in is largest on the boundary, opposite its smallest); ReLU units add
         an even part (a bowl). docs/bayesopt.md says which the fit chose on the development
         problems and what that did to the regret.
-    :param ard: one input scale per feature; default: from :data:`ARD_POINTS_PER_FEATURE` points
-        per feature on.
+    :param ard: one input scale per feature (``True``) or one shared (``False``); default: ARD
+        from :data:`ARD_POINTS_PER_FEATURE` points per feature on, below it the one the data
+        choose (the ARD fit kept where it is more probable than the shared one by more than
+        Schwarz's penalty, (d - 1)/2 log n nats per outcome: Schwarz 1978, "Estimating the
+        dimension of a model"). With a few relevant features among many (Branin in 40-D) ARD is
+        what finds them; where every feature matters alike it over-fits.
     :param outcome_transform: ``"standardize"`` (BoTorch's ``Standardize``), a BoTorch outcome
         transform, or ``None``.
     :param starts: the ``(input, bias, hidden, output)`` scales the fit starts from, each a
@@ -278,8 +287,10 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
     if model is not None:
         init = infinite_width_of(model)
         depth, activations = init.depth, (init.activation,)
-    if ard is None:
-        ard = n >= ARD_POINTS_PER_FEATURE * d
+    if ard is None:  # below the points per feature where ARD is always right, the data choose (Schwarz's criterion)
+        shapes = (True,) if n >= ARD_POINTS_PER_FEATURE * d else (False, True) if d > 1 else (False,)
+    else:
+        shapes = (bool(ard),)
     x = train_X
     if input_transform is not None:
         input_transform.train()
@@ -297,7 +308,11 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         starts = list(FIT_STARTS)
         if init is not None:
             starts[0] = _scales_of(init)
-    activation, fitted = _fit_from_starts(x, y, starts, activations, depth=depth, ard=ard, center=center, base_scale=base)
+    fits = {shape: _fit_from_starts(x, y, starts, activations, depth=depth, ard=shape, center=center, base_scale=base) for shape in shapes}
+    ard = shapes[0]
+    if len(shapes) == 2 and fits[True][2] - m * (d - 1) / 2 * math.log(n) > fits[False][2]:  # d - 1 more scales per outcome
+        ard = True
+    activation, fitted, _ = fits[ard]
     kernel = InfiniteWidthKernel(d, depth=depth, activation=activation, ard=ard, center=center, base_scale=base,
                                  batch_shape=torch.Size([m]) if m > 1 else torch.Size([]))
     gp = SingleTaskGP(train_X, train_Y, covar_module=kernel, outcome_transform=outcome_transform, input_transform=input_transform)
@@ -322,8 +337,8 @@ def _fit_from_starts(x, y, starts, activations, **kernel_options) -> tuple:
     them). Per activation and outcome the start whose fit has the highest log marginal likelihood
     plus log hyperprior density is kept; the activation kept is the one whose kept objectives sum
     highest over the outcomes (the first among equals; a fit that broke down scores ``-inf``).
-    Returns that activation and the parameters of an unbatched GP (batched over outcomes where
-    ``m > 1``) by name."""
+    Returns that activation, the parameters of an unbatched GP (batched over outcomes where
+    ``m > 1``) by name, and their objective (summed over the outcomes)."""
     n, d = x.shape
     m = y.shape[-1]
     a, k = len(activations), len(starts)
@@ -349,7 +364,7 @@ def _fit_from_starts(x, y, starts, activations, **kernel_options) -> tuple:
     for name, parameter in gp.named_parameters():
         parameter = parameter.detach()
         parameters[name] = parameter[index, torch.arange(m, device=index.device)] if m > 1 else parameter[index]
-    return activations[chosen], parameters
+    return activations[chosen], parameters, totals[chosen]
 
 
 def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation="erf", ard=None):
@@ -363,9 +378,13 @@ def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activ
     per-outcome fits (the network's hidden layers are shared). ``activation`` is
     :func:`infinite_width_gp`'s: one, or several for the fit to choose among; erf by default (the
     finite surrogates with the chosen activation did not gain on the development problems,
-    docs/bayesopt.md)."""
+    docs/bayesopt.md). ``ard``: one input scale per feature; default: from
+    :data:`ARD_POINTS_PER_FEATURE` points per feature on, one shared scale below (the choice
+    :func:`infinite_width_gp` makes below it by Schwarz's criterion was measured for the GP only)."""
     if not (isinstance(width, int) and width >= 1):
         raise ValueError(f"width must be a positive integer, got {width!r}")
+    if ard is None and isinstance(train_X, torch.Tensor) and train_X.dim() == 2:  # else infinite_width_gp says what is wrong
+        ard = train_X.shape[0] >= ARD_POINTS_PER_FEATURE * train_X.shape[-1]
     gp = infinite_width_gp(train_X, train_Y, depth=depth, activation=activation, ard=ard, outcome_transform=None)
     kernel = gp.covar_module
     m = train_Y.shape[-1] if train_Y.dim() == 2 else 1
