@@ -241,7 +241,7 @@ def test_the_fit_keeps_the_most_probable_of_its_starts():
     values = [float(map_objective(gp)) for gp in alone]
     assert float(alone[0].likelihood.noise.detach()) > 0.3  # the first start's fit: the noise mode
     gp = infinite_width_gp(X, Y, activation="erf")
-    assert float(map_objective(gp)) >= max(values) - 0.05  # nats: the batch's L-BFGS stops on its summed objective
+    assert float(map_objective(gp)) >= max(values) - 0.05  # nats: a batched fit can end a few hundredths from its fit alone
     assert max(values) > values[0] + 0.3
     assert float(gp.likelihood.noise.detach()) < 0.05
 
@@ -322,7 +322,7 @@ def test_the_activation_is_the_more_probable_ones():
         gp = infinite_width_gp(X, Y)
         assert gp.covar_module.activation == expected
         assert max(each, key=each.get) == expected and abs(each["erf"] - each["relu"]) > 5  # nats: not a near tie
-        assert float(map_objective(gp)) >= each[expected] - 0.05  # nats: one L-BFGS run fits both, on their summed objective
+        assert float(map_objective(gp)) >= each[expected] - 0.05  # nats: a batched fit can end a few hundredths from its fit alone
         model = calibrated_model(X, Y, width=4, activation=("erf", "relu"))
         assert infinite_width_of(model).activation == expected
     X, Y, _ = bowl_and_odd()[0]

@@ -7,9 +7,11 @@ feature, ARD, or one shared), the biases' scale, the hidden weights' scale and t
 scale. :func:`infinite_width_gp` fits it by BoTorch's exact marginal likelihood
 (``fit_gpytorch_mll``, maximum a posteriori under weak hyperpriors, from several starts: the
 posterior over the scales has a mode that calls the data noise), and chooses the activation (erf
-or ReLU) by the same objective, in a ``SingleTaskGP``: a surrogate with a BNN's prior and exact inference
-(Li et al. 2024 find the infinite-width BNN strong in high dimensions; BoTorch's
-``InfiniteWidthBNNKernel`` is the ReLU one with fixed scales).
+or ReLU) by the same objective and, below 10 points per feature, one input scale per feature or
+one shared by that objective less Schwarz's penalty for the extra scales, in a
+``SingleTaskGP``: a surrogate with a BNN's prior and exact inference (Li et al. 2024 find the
+infinite-width BNN strong in high dimensions; BoTorch's ``InfiniteWidthBNNKernel`` is the ReLU
+one with fixed scales).
 
 :func:`calibrated_model` is empirical Bayes for the finite network (type-II maximum likelihood
 through its limit): the kernel's fitted scales become the weight priors of a width-``width``
@@ -246,9 +248,11 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
     """A ``SingleTaskGP`` with the :class:`InfiniteWidthKernel` of an MLP, its prior scales and
     noise fitted by the exact marginal likelihood (BoTorch's ``fit_gpytorch_mll``) from each of
     :data:`FIT_STARTS`, side by side in one batch, the most probable fit kept per outcome; with
-    several activations, the kernel of each is fitted so, all in the same batch, and the activation
-    whose fit is the most probable (its objective summed over the outcomes) is kept: the network's nonlinearity chosen by
-    the data like its scales (type-II maximum a posteriori over a discrete hyperparameter).
+    several activations, the kernel of each is fitted so, all in the same batch, and the
+    activation whose fit is the most probable (its objective summed over the outcomes) is kept:
+    the network's nonlinearity chosen by the data like its scales (type-II maximum a posteriori
+    over a discrete hyperparameter); and so, below :data:`ARD_POINTS_PER_FEATURE` points per
+    feature, is the input scales' shape (``ard``).
 
     :param model: a :class:`~pyrobnn.models.BayesianModel` whose architecture and prior give the
         kernel (:func:`~pyrobnn.models.infinite_width.infinite_width_of`: its activation and depth,
@@ -332,11 +336,11 @@ def _fit_from_starts(x, y, starts, activations, **kernel_options) -> tuple:
     r"""Maximum a posteriori scales and noise of the :class:`InfiniteWidthKernel` GP on
     (transformed) inputs ``x`` ``(n, d)`` and outcomes ``y`` ``(n, m)``, for each of
     ``activations`` from each of ``starts`` (input, bias, hidden, output scales) at once: one GP
-    batched over the activations, the starts (and the outcomes), whose summed objective BoTorch's
-    ``fit_gpytorch_mll`` maximizes (their objectives are independent: one L-BFGS run over all of
-    them). Per activation and outcome the start whose fit has the highest log marginal likelihood
-    plus log hyperprior density is kept; the activation kept is the one whose kept objectives sum
-    highest over the outcomes (the first among equals; a fit that broke down scores ``-inf``).
+    batched over the activations, the starts (and the outcomes), which BoTorch's
+    ``fit_gpytorch_mll`` fits element by element in one batched L-BFGS-B run (each element's fit
+    can end a few hundredths of a nat from its fit alone). Per activation and outcome the start
+    whose fit has the highest log marginal likelihood plus log hyperprior density is kept; the
+    activation kept is the one whose kept objectives sum highest over the outcomes (the first among equals; a fit that broke down scores ``-inf``).
     Returns that activation, the parameters of an unbatched GP (batched over outcomes where
     ``m > 1``) by name, and their objective (summed over the outcomes)."""
     n, d = x.shape
