@@ -341,8 +341,9 @@ def _fit_from_starts(x, y, starts, activations, **kernel_options) -> tuple:
     can end a few hundredths of a nat from its fit alone). Per activation and outcome the start
     whose fit has the highest log marginal likelihood plus log hyperprior density is kept; the
     activation kept is the one whose kept objectives sum highest over the outcomes (the first
-    among equals; a fit that broke down scores ``-inf``). Returns that activation, the parameters of an unbatched GP (batched over outcomes where
-    ``m > 1``) by name, and their objective (summed over the outcomes)."""
+    among equals; a fit that broke down scores ``-inf``). Returns that activation, the parameters
+    of an unbatched GP (batched over outcomes where ``m > 1``) by name, and their objective
+    (summed over the outcomes)."""
     n, d = x.shape
     m = y.shape[-1]
     a, k = len(activations), len(starts)
