@@ -353,6 +353,15 @@ def test_one_scale_per_feature_only_where_the_data_pay_for_its_extra_scales():
     torch.testing.assert_close(relative, relative[:1].expand_as(relative), rtol=1e-9, atol=0)
 
 
+@pytest.mark.parametrize("ard", ["yes", 2, 0.5, [True]])
+def test_a_bad_ard_is_refused_by_name(ard):
+    X, Y = toy()
+    with pytest.raises(ValueError, match="ard must be True, False or None"):
+        infinite_width_gp(X, Y, ard=ard)
+    with pytest.raises(ValueError, match="ard must be True, False or None"):
+        calibrated_model(X, Y, ard=ard)
+
+
 @pytest.mark.parametrize("activation", ["tanh", (), ["erf", 3], 3])
 def test_a_bad_activation_is_refused_by_name(activation):
     X, Y = toy()

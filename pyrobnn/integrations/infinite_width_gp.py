@@ -285,6 +285,8 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
     if starts is not None:
         starts = _checked_starts(starts)
     activations = _checked_activations(activation)
+    if ard not in (None, True, False):
+        raise ValueError(f"ard must be True, False or None (the data choose), got {ard!r}")
     n, d = train_X.shape
     m = train_Y.shape[-1]
     init = None
