@@ -367,3 +367,100 @@ def test_a_bad_activation_is_refused_by_name(activation):
     X, Y = toy()
     with pytest.raises(ValueError, match="activation must be one of"):
         infinite_width_gp(X, Y, activation=activation)
+
+
+def counted_fits(monkeypatch):
+    """Counts the kernel evaluations of the fits that follow (one per activation per evaluation
+    of the marginal likelihood and its gradient)."""
+    import pyrobnn.integrations.infinite_width_gp as module
+
+    calls = []
+    original = module.nngp_covariance
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "nngp_covariance", counting)
+    return calls
+
+
+def test_a_warm_refit_starts_from_the_previous_fit_and_ends_where_a_cold_fit_does(monkeypatch):
+    """A BO loop's refit from the previous step's GP, on a 3-D function at 24 points whose first 20
+    the previous fit saw: there ReLU's fit was the more probable (by 0.6 nats), here erf's is (by
+    4.0); the warm refit fits each activation again from its own previous fit, so it changes
+    activation as the cold fit does and reaches the cold fit's objective. Refitted on its own
+    data it stays where it ended, in a few evaluations where a cold fit takes hundreds: its start
+    is that fit (scales carried into the inputs' frame, noise, constant mean)."""
+    from torch.quasirandom import SobolEngine
+
+    X = SobolEngine(3, scramble=True, seed=0).draw(24).to(torch.float64)
+    Y = (torch.sin(4 * X[:, :1]) + (X[:, 1:] - 0.3).pow(2).sum(-1, keepdim=True))
+    previous = infinite_width_gp(X[:20], Y[:20], ard=True)
+    fits = previous.infinite_width_fits
+    assert fits["relu", True]["objective"] > fits["erf", True]["objective"] + 0.3  # nats
+    calls = counted_fits(monkeypatch)
+    cold = infinite_width_gp(X, Y, ard=True)
+    cold_calls = len(calls)
+    warm = infinite_width_gp(X, Y, ard=True, warm_start=previous)
+    assert warm.warm_started and not cold.warm_started
+    assert previous.covar_module.activation == "relu" and cold.covar_module.activation == warm.covar_module.activation == "erf"
+    assert float(map_objective(warm)) >= float(map_objective(cold)) - 0.05  # nats
+    del calls[:]
+    again = infinite_width_gp(X, Y, ard=True, warm_start=warm)
+    assert len(calls) * 20 < cold_calls
+    for name in SCALE_NAMES:
+        torch.testing.assert_close(getattr(again.covar_module, name), getattr(warm.covar_module, name), rtol=1e-3, atol=0)
+    torch.testing.assert_close(again.likelihood.noise, warm.likelihood.noise, rtol=1e-2, atol=1e-6)
+    assert float(map_objective(again)) == pytest.approx(float(map_objective(warm)), abs=1e-3)
+
+
+def test_a_warm_refit_carries_the_input_scales_to_the_shape_the_data_choose():
+    """Below 10 points per feature both shapes are fitted from the previous fit: one shared input
+    scale from the previous per-feature scales' geometric mean, one per feature from its shared
+    one; Schwarz's criterion then keeps one, as in a cold fit (the 6-D bowls of the test above)."""
+    from torch.quasirandom import SobolEngine
+
+    d, n = 6, 40
+    X = SobolEngine(d, scramble=True, seed=0).draw(n).to(torch.float64)
+    for weights, expected in (((1, 1, 1, 1, 2, 2), False), ((1, 1, 1, 1, 1, 3), True)):
+        Y = (torch.tensor(weights, dtype=torch.float64) * (X - 0.5) ** 2).sum(-1, keepdim=True).sqrt()
+        for previous_shape in (False, True):
+            previous = infinite_width_gp(X[:36], Y[:36], activation="erf", ard=previous_shape)
+            warm = infinite_width_gp(X, Y, warm_start=previous)
+            assert warm.covar_module.ard == expected
+            assert warm.covar_module.input_scale.shape[-1] == (d if expected else 1)
+
+
+def test_a_fit_in_the_noise_mode_is_not_a_warm_start():
+    """From the first of FIT_STARTS alone the fit on Hartmann-6 at 20 points ends in the mode that
+    calls the data noise; L-BFGS-B from there stays there, so a refit from it is cold: from every
+    start, in the signal mode, as the cold fit of its activation."""
+    from pyrobnn.integrations.infinite_width_gp import FIT_STARTS, WARM_START_NOISE_LIMIT
+
+    X, Y = hartmann6()
+    previous = infinite_width_gp(X[:18], Y[:18], activation="erf", starts=[FIT_STARTS[0]])
+    assert float(previous.likelihood.noise.detach()) > WARM_START_NOISE_LIMIT
+    refit = infinite_width_gp(X, Y, warm_start=previous)
+    assert not refit.warm_started and refit.covar_module.activation == "erf"
+    assert float(refit.likelihood.noise.detach()) < 0.05
+    assert float(map_objective(refit)) == pytest.approx(float(map_objective(infinite_width_gp(X, Y, activation="erf"))), abs=1e-9)
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(activation="erf"), "activation cannot be given"), (dict(depth=3), "depth cannot be given"),
+    (dict(starts=[(1.0, 1.0, 1.0, 1.0)]), "starts cannot be given"), (dict(Y_columns=2), "fitted to 2 features and 1 outcomes"),
+    (dict(previous="gp"), "warm_start must be a GP infinite_width_gp returned"),
+])
+def test_a_warm_start_that_cannot_be_one_is_refused_by_name(given, message):
+    X, Y = toy()
+    previous = infinite_width_gp(X, Y, activation="erf", ard=False)
+    given = dict(given)
+    if given.pop("previous", None) == "gp":
+        from botorch.models import SingleTaskGP
+
+        previous = SingleTaskGP(X, Y)
+    if given.pop("Y_columns", None):
+        Y = torch.cat([Y, Y], -1)
+    with pytest.raises(ValueError, match=message):
+        infinite_width_gp(X, Y, warm_start=previous, **given)

@@ -48,7 +48,7 @@ except ImportError as error:  # pragma: no cover - the optional extra is missing
     raise ImportError("pyrobnn.integrations.infinite_width_gp needs BoTorch: pip install 'pyrobnn[bo]'") from error
 
 __all__ = ["InfiniteWidthKernel", "infinite_width_gp", "calibrated_model", "ARD_POINTS_PER_FEATURE", "SCALE_BOUNDS", "SCALE_HYPERPRIOR",
-           "FIT_STARTS", "FIT_START_NOISE"]
+           "FIT_STARTS", "FIT_START_NOISE", "WARM_START_NOISE_LIMIT"]
 
 #: one length scale per input feature (ARD) from this many training points per feature on; below
 #: it :func:`infinite_width_gp` fits both and keeps ARD only where its fit beats the shared
@@ -83,6 +83,14 @@ SCALE_HYPERPRIOR = (0.0, 1.5)
 FIT_STARTS = ((1.0, 1.0, 1.5, 1.5), (2.0, 1.0, 2.0, 2.0), (4.0, 0.1, 1.0, 1.0), (0.5, 0.1, 1.0, 1.0))
 #: the noise variance (standardized units) every start of :data:`FIT_STARTS` begins from
 FIT_START_NOISE = 1e-2
+#: a warm start (``infinite_width_gp(..., warm_start=gp)``) is taken only from a fit whose noise
+#: variance (standardized units, every outcome's) is below this; from one above it the fit is
+#: cold. The fit from :data:`FIT_STARTS` has two modes (above): the data as signal, noise
+#: variance near 7e-3, and as noise, 0.5-0.8. L-BFGS-B from a fit in the noise mode stays
+#: there: on Ackley-10 (seed 0 of ``benchmarks/bayesopt.py``) warm refits kept the noise mode
+#: from 18 points to the end while at 38 a cold fit found the signal mode 25 nats more probable,
+#: and the run ended level with random search (log10 regret +1.30 against +0.62 refitting cold).
+WARM_START_NOISE_LIMIT = 0.1
 #: the kernel's scales, in the order of :data:`FIT_STARTS`
 SCALE_NAMES = ("input_scale", "bias_scale", "hidden_scale", "output_scale")
 
@@ -243,8 +251,8 @@ def _checked_activations(activation) -> tuple:
     return tuple(dict.fromkeys(activations))
 
 
-def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activation=ACTIVATIONS, ard=None,
-                      outcome_transform="standardize", input_transform=None, starts=None) -> SingleTaskGP:
+def infinite_width_gp(train_X, train_Y, *, model=None, depth=None, activation=None, ard=None,
+                      outcome_transform="standardize", input_transform=None, starts=None, warm_start=None) -> SingleTaskGP:
     """A ``SingleTaskGP`` with the :class:`InfiniteWidthKernel` of an MLP, its prior scales and
     noise fitted by the exact marginal likelihood (BoTorch's ``fit_gpytorch_mll``) from each of
     :data:`FIT_STARTS`, side by side in one batch, the most probable fit kept per outcome; with
@@ -256,7 +264,8 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
 
     :param model: a :class:`~pyrobnn.models.BayesianModel` whose architecture and prior give the
         kernel (:func:`~pyrobnn.models.infinite_width.infinite_width_of`: its activation and depth,
-        its scales as the starting point); default: ``depth`` hidden layers of ``activation``.
+        its scales as the starting point); default: ``depth`` hidden layers (default 2) of
+        ``activation``.
     :param activation: ``"erf"``, ``"relu"``, or several of them to choose among (default: both).
         With erf units and small biases the prior is nearly odd about the data's center (every
         function it believes in is largest on the boundary, opposite its smallest); ReLU units add
@@ -272,6 +281,24 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         transform, or ``None``.
     :param starts: the ``(input, bias, hidden, output)`` scales the fit starts from, each a
         positive 4-tuple; default :data:`FIT_STARTS` (the first replaced by ``model``'s scales).
+    :param warm_start: a GP this function returned before, on data these extend (the previous
+        step of a BO loop): each activation it fitted is fitted again from its own fit there
+        alone (its scales, noise and constant mean, the input scales carried into these inputs'
+        frame, for each shape ``ard`` allows: per feature, or their geometric mean for one shared
+        scale), and the choice among activations and shapes made again; its depth is kept. A
+        cold fit runs one L-BFGS-B over 8 batch elements (2 activations from 4 starts), about 300
+        evaluations of the marginal likelihood at 10-50 points; a warm one over 2, each from its
+        previous optimum (on the same data, a few evaluations). What the other starts would find is not looked at (a mode the previous fit missed stays missed),
+        and from a previous fit in the noise mode (noise variance from
+        :data:`WARM_START_NOISE_LIMIT` on) the fit is cold (from :data:`FIT_STARTS`, with its
+        activations and depth). BoTorch's tutorials warm-start each step from the previous
+        model's state the same way. Not with ``model``, ``depth``, ``activation`` or ``starts``.
+
+    The GP returned carries ``warm_started`` (whether it was fitted from ``warm_start``) and
+    ``infinite_width_fits``: for each ``(activation, ard)`` fitted, the
+    kept start's ``objective`` (log marginal likelihood plus log hyperprior density, summed over
+    the outcomes), ``scales`` (the input scales per feature and unit of input), ``noise``
+    (variance) and constant ``mean`` (both in the outcome transform's units).
     """
     if not isinstance(train_X, torch.Tensor) or train_X.dim() != 2 or train_X.shape[0] < 1:
         raise ValueError(f"train_X must be an (n, d) tensor with n >= 1, got {getattr(train_X, 'shape', type(train_X).__name__)}")
@@ -284,11 +311,17 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         raise ValueError("train_X and train_Y must be finite")
     if starts is not None:
         starts = _checked_starts(starts)
-    activations = _checked_activations(activation)
+    activations = _checked_activations(ACTIVATIONS if activation is None else activation)
     if ard not in (None, True, False):
         raise ValueError(f"ard must be True, False or None (the data choose), got {ard!r}")
     n, d = train_X.shape
     m = train_Y.shape[-1]
+    if warm_start is not None:
+        _check_warm_start(warm_start, d, m, model=model, depth=depth, activation=activation, starts=starts)
+        depth, activations = warm_start.covar_module.depth, tuple(dict.fromkeys(a for a, _ in warm_start.infinite_width_fits))
+        if float(warm_start.likelihood.noise.detach().max()) >= WARM_START_NOISE_LIMIT:
+            warm_start = None  # a fit in the noise mode: refit cold (with its activations and depth)
+    depth = 2 if depth is None else depth
     init = None
     if model is not None:
         init = infinite_width_of(model)
@@ -314,11 +347,17 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
         starts = list(FIT_STARTS)
         if init is not None:
             starts[0] = _scales_of(init)
-    fits = {shape: _fit_from_starts(x, y, starts, activations, depth=depth, ard=shape, center=center, base_scale=base) for shape in shapes}
+    fits = {}  # (activation, shape): the kept start's fit
+    for shape in shapes:
+        start = _warm_starts(warm_start, activations, shape, base) if warm_start is not None else _cold_starts(starts, activations, m, x)
+        for activation, fit in _fit_from_starts(x, y, start, activations, depth=depth, ard=shape, center=center, base_scale=base).items():
+            fits[activation, shape] = fit
+    best = {shape: max(activations, key=lambda a, shape=shape: fits[a, shape]["objective"]) for shape in shapes}  # the first among equals
     ard = shapes[0]
-    if len(shapes) == 2 and fits[True][2] - m * (d - 1) / 2 * math.log(n) > fits[False][2]:  # d - 1 more scales per outcome
-        ard = True
-    activation, fitted, _ = fits[ard]
+    if len(shapes) == 2 and fits[best[True], True]["objective"] - m * (d - 1) / 2 * math.log(n) > fits[best[False], False]["objective"]:
+        ard = True  # d - 1 more scales per outcome
+    activation = best[ard]
+    fitted = fits[activation, ard]["parameters"]
     kernel = InfiniteWidthKernel(d, depth=depth, activation=activation, ard=ard, center=center, base_scale=base,
                                  batch_shape=torch.Size([m]) if m > 1 else torch.Size([]))
     gp = SingleTaskGP(train_X, train_Y, covar_module=kernel, outcome_transform=outcome_transform, input_transform=input_transform)
@@ -331,31 +370,86 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth: int = 2, activatio
                 learnable_transform = True
     if learnable_transform:  # fitted with the kernel, from the best start's fit
         fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+    gp.warm_started = warm_start is not None
+    gp.infinite_width_fits = {key: {"objective": fit["objective"], "scales": {name: value * base if name == "input_scale" else value
+                                                                            for name, value in fit["scales"].items()},
+                                    "noise": fit["noise"], "mean": fit["mean"]} for key, fit in fits.items()}
     return gp.eval()
 
 
-def _fit_from_starts(x, y, starts, activations, **kernel_options) -> tuple:
+def _cold_starts(starts, activations, m, x) -> dict:
+    """Every activation from every one of ``starts`` (``(input, bias, hidden, output)``
+    4-tuples), in :func:`_fit_from_starts`' batch order: one tensor per scale, ``(a k, 1, 1)``
+    (``(a k, 1, 1, 1)`` with ``m > 1`` outcomes: a scalar per start, broadcast over the outcomes
+    and the features), the ``noise`` variance :data:`FIT_START_NOISE` for each, ``(a k, 1)``
+    (``(a k, 1, 1)``), and a constant ``mean`` of 0, ``(a k)`` (``(a k, 1)``)."""
+    values = torch.tensor(starts, dtype=x.dtype, device=x.device).repeat(len(activations), 1)  # (a k, 4)
+    outcomes = (1,) if m > 1 else ()
+    start = {name: values[:, column].reshape(-1, *outcomes, 1, 1) for column, name in enumerate(SCALE_NAMES)}
+    start["noise"] = torch.full((len(values), *outcomes, 1), FIT_START_NOISE, dtype=x.dtype, device=x.device)
+    start["mean"] = torch.zeros((len(values), *outcomes), dtype=x.dtype, device=x.device)
+    return start
+
+
+def _check_warm_start(warm_start, d, m, **not_with):
+    kernel = getattr(warm_start, "covar_module", None)
+    if not isinstance(warm_start, SingleTaskGP) or type(kernel) is not InfiniteWidthKernel or not hasattr(warm_start, "infinite_width_fits"):
+        raise ValueError(f"warm_start must be a GP infinite_width_gp returned, got {type(warm_start).__name__}")
+    fitted_m = warm_start.num_outputs
+    if kernel.center.shape[-1] != d or fitted_m != m:
+        raise ValueError(f"warm_start was fitted to {kernel.center.shape[-1]} features and {fitted_m} outcomes; "
+                         f"these data have {d} and {m}")
+    given = [name for name, value in not_with.items() if value is not None]
+    if given:
+        raise ValueError(f"warm_start starts from the previous fit and keeps its activations and depth: "
+                         f"{', '.join(given)} cannot be given with it")
+
+
+def _warm_starts(gp, activations, ard, base) -> dict:
+    """For each of ``activations``, in :func:`_fit_from_starts`' batch order (one start each),
+    the fit ``gp`` (an :func:`infinite_width_gp`) made of it with input scales' shape ``ard``
+    (or, where it fitted only the other shape, that one) as a start in the frame whose
+    ``base_scale`` is ``base``: input scales that map each feature as the fitted ones did (per
+    feature, or their geometric mean for one shared scale), the other scales, the noise and the
+    constant mean as fitted (the mean matters: the kernel's bias variance leaves it weakly
+    determined, and L-BFGS-B takes hundreds of evaluations to walk it back from 0);
+    ``{name: (a, *shape)}``."""
+    start = {name: [] for name in SCALE_NAMES + ("noise", "mean")}
+    for activation in activations:
+        fit = gp.infinite_width_fits.get((activation, ard), gp.infinite_width_fits.get((activation, not ard)))
+        for name in SCALE_NAMES:
+            value = fit["scales"][name]
+            if name == "input_scale":  # the fitted scale per unit of input, in this frame
+                value = value / base if ard else (value / base).log().mean(-1, keepdim=True).exp()
+            start[name].append(value)
+        start["noise"].append(fit["noise"])
+        start["mean"].append(fit["mean"])
+    return {name: torch.stack(values) for name, values in start.items()}
+
+
+def _fit_from_starts(x, y, starts, activations, **kernel_options) -> dict:
     r"""Maximum a posteriori scales and noise of the :class:`InfiniteWidthKernel` GP on
     (transformed) inputs ``x`` ``(n, d)`` and outcomes ``y`` ``(n, m)``, for each of
-    ``activations`` from each of ``starts`` (input, bias, hidden, output scales) at once: one GP
-    batched over the activations, the starts (and the outcomes), which BoTorch's
-    ``fit_gpytorch_mll`` fits element by element in one batched L-BFGS-B run (each element's fit
-    can end a few hundredths of a nat from its fit alone). Per activation and outcome the start
-    whose fit has the highest log marginal likelihood plus log hyperprior density is kept; the
-    activation kept is the one whose kept objectives sum highest over the outcomes (the first
-    among equals; a fit that broke down scores ``-inf``). Returns that activation, the parameters
-    of an unbatched GP (batched over outcomes where ``m > 1``) by name, and their objective
-    (summed over the outcomes)."""
+    ``activations`` from each of ``k`` starts at once (``starts``: a tensor ``(a k, ...)`` for
+    each scale, the ``noise`` variance and the constant ``mean``, broadcastable to its shape;
+    activation ``i``'s starts at ``i k`` to ``i k + k - 1``): one GP batched over the activations,
+    the starts (and the outcomes), which BoTorch's ``fit_gpytorch_mll`` fits element by element
+    in one batched L-BFGS-B run (each element's fit can end a few hundredths of a nat from its
+    fit alone). Per activation and outcome the start whose fit has the highest log marginal
+    likelihood plus log hyperprior density is kept (a fit that broke down scores ``-inf``).
+    Returns, per activation, that fit: its ``objective`` (summed over the outcomes), the
+    ``parameters`` of an unbatched GP (batched over outcomes where ``m > 1``) by name, its
+    ``scales``, ``noise`` (variance) and constant ``mean``."""
     n, d = x.shape
     m = y.shape[-1]
-    a, k = len(activations), len(starts)
+    a, k = len(activations), len(starts["noise"]) // len(activations)
     outcomes = torch.Size([m]) if m > 1 else torch.Size([])
     kernel = _ActivationsKernel(d, activations=activations, batch_shape=torch.Size([a * k]) + outcomes, **kernel_options)
-    start = torch.tensor(starts, dtype=x.dtype, device=x.device).repeat(a, 1)  # (a k, 4): every activation from every start
-    for column, name in enumerate(SCALE_NAMES):
-        kernel._set_scale(name, start[:, column].reshape(a * k, *(1,) * (getattr(kernel, f"raw_{name}").dim() - 1)))
+    for name in SCALE_NAMES:
+        kernel._set_scale(name, starts[name])
     gp = SingleTaskGP(x.expand(a * k, n, d), y.expand(a * k, n, m), covar_module=kernel)
-    gp.likelihood.noise = torch.full_like(gp.likelihood.noise, FIT_START_NOISE)
+    gp.likelihood.noise = starts["noise"].expand_as(gp.likelihood.noise).clone()
+    gp.mean_module.constant = starts["mean"].expand_as(gp.mean_module.constant).clone()
     fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
     gp.train()
     batch = (a * k,) + tuple(outcomes)
@@ -365,13 +459,17 @@ def _fit_from_starts(x, y, starts, activations, **kernel_options) -> tuple:
             objective = objective + prior.log_prob(closure(module)).reshape(*batch, -1).sum(-1)
     kept, best = objective.nan_to_num(nan=-math.inf).reshape(a, k, *outcomes).max(1)  # (a,) or (a, m); a broken fit is never kept
     totals = kept.reshape(a, -1).sum(-1).tolist()
-    chosen = max(range(a), key=totals.__getitem__)  # the first among equals
-    index = chosen * k + best[chosen]  # () or (m,): the kept start's place in the batch
-    parameters = {}
-    for name, parameter in gp.named_parameters():
-        parameter = parameter.detach()
-        parameters[name] = parameter[index, torch.arange(m, device=index.device)] if m > 1 else parameter[index]
-    return activations[chosen], parameters, totals[chosen]
+    pick = (lambda t, index: t[index, torch.arange(m, device=index.device)]) if m > 1 else (lambda t, index: t[index])
+    fits = {}
+    with torch.no_grad():
+        for i, activation in enumerate(activations):
+            index = i * k + best[i]  # () or (m,): the kept start's place in the batch
+            fits[activation] = {"objective": totals[i],
+                                "parameters": {name: pick(p.detach(), index) for name, p in gp.named_parameters()},
+                                "scales": {name: pick(kernel._scale(name).detach(), index) for name in SCALE_NAMES},
+                                "noise": pick(gp.likelihood.noise.detach(), index),
+                                "mean": pick(gp.mean_module.constant.detach(), index)}
+    return fits
 
 
 def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation="erf", ard=None):
