@@ -418,18 +418,18 @@ def test_a_warm_refit_starts_from_the_previous_fit_and_ends_where_a_cold_fit_doe
 def test_a_warm_refit_carries_the_input_scales_to_the_shape_the_data_choose():
     """Below 10 points per feature both shapes are fitted from the previous fit: one shared input
     scale from the previous per-feature scales' geometric mean, one per feature from its shared
-    one; Schwarz's criterion then keeps one, as in a cold fit (the 6-D bowls of the test above)."""
+    one; Schwarz's criterion then keeps one, as in a cold fit (the 6-D bowls of the test above),
+    here from a previous fit of the other shape."""
     from torch.quasirandom import SobolEngine
 
     d, n = 6, 40
     X = SobolEngine(d, scramble=True, seed=0).draw(n).to(torch.float64)
     for weights, expected in (((1, 1, 1, 1, 2, 2), False), ((1, 1, 1, 1, 1, 3), True)):
         Y = (torch.tensor(weights, dtype=torch.float64) * (X - 0.5) ** 2).sum(-1, keepdim=True).sqrt()
-        for previous_shape in (False, True):
-            previous = infinite_width_gp(X[:36], Y[:36], activation="erf", ard=previous_shape)
-            warm = infinite_width_gp(X, Y, warm_start=previous)
-            assert warm.covar_module.ard == expected
-            assert warm.covar_module.input_scale.shape[-1] == (d if expected else 1)
+        previous = infinite_width_gp(X[:36], Y[:36], activation="erf", ard=not expected)
+        warm = infinite_width_gp(X, Y, warm_start=previous)
+        assert warm.warm_started and warm.covar_module.ard == expected
+        assert warm.covar_module.input_scale.shape[-1] == (d if expected else 1)
 
 
 def test_a_fit_in_the_noise_mode_is_not_a_warm_start():
