@@ -447,14 +447,21 @@ def test_a_fit_in_the_noise_mode_is_not_a_warm_start():
     assert float(map_objective(refit)) == pytest.approx(float(map_objective(infinite_width_gp(X, Y, activation="erf"))), abs=1e-9)
 
 
+@pytest.fixture(scope="module")
+def toy_fit():
+    """One fit on :func:`toy` shared by the refusal cases (each is refused before any fitting)."""
+    X, Y = toy()
+    return infinite_width_gp(X, Y, activation="erf", ard=False)
+
+
 @pytest.mark.parametrize("given, message", [
     (dict(activation="erf"), "activation cannot be given"), (dict(depth=3), "depth cannot be given"),
     (dict(starts=[(1.0, 1.0, 1.0, 1.0)]), "starts cannot be given"), (dict(Y_columns=2), "fitted to 2 features and 1 outcomes"),
     (dict(previous="gp"), "warm_start must be a GP infinite_width_gp returned"),
 ])
-def test_a_warm_start_that_cannot_be_one_is_refused_by_name(given, message):
+def test_a_warm_start_that_cannot_be_one_is_refused_by_name(given, message, toy_fit):
     X, Y = toy()
-    previous = infinite_width_gp(X, Y, activation="erf", ard=False)
+    previous = toy_fit
     given = dict(given)
     if given.pop("previous", None) == "gp":
         from botorch.models import SingleTaskGP
