@@ -186,6 +186,19 @@ def test_several_outcomes_fit_one_kernel_each_and_the_network_takes_their_geomet
         calibrated_model(X, Y, width=0)
 
 
+def test_without_an_outcome_transform_the_fit_is_in_the_outcomes_own_units():
+    """The likelihood is exactly equivariant under a shift of the outcomes (the constant mean moves
+    with it, nothing else sees it): fitted without an outcome transform, outcomes 10 higher give a
+    mean 10 higher and the same scales and noise (to the fit's tolerance). The fits were once
+    standardized inside by BoTorch's default and their values used unscaled: the same mean for both."""
+    X, Y = toy()
+    low, high = (infinite_width_gp(X, Y + shift, activation="erf", outcome_transform=None) for shift in (0.0, 10.0))
+    # the mean is weakly determined (the kernel's bias variance): L-BFGS-B ends within a few tenths along it
+    assert float(high.mean_module.constant - low.mean_module.constant) == pytest.approx(10.0, abs=0.5)
+    torch.testing.assert_close(high.likelihood.noise, low.likelihood.noise, rtol=0.05, atol=1e-6)
+    torch.testing.assert_close(high.covar_module.output_scale, low.covar_module.output_scale, rtol=0.05, atol=0)
+
+
 def test_a_failed_fit_can_restart_from_the_hyperpriors():
     """BoTorch's ``fit_gpytorch_mll`` restarts a failed optimization from draws of every prior
     (``sample_all_priors``); the kernel's priors must be settable, the draws kept in bounds (the
@@ -347,9 +360,11 @@ def test_one_scale_per_feature_only_where_the_data_pay_for_its_extra_scales():
         gp = infinite_width_gp(X, Y, activation="erf")
         assert gp.covar_module.ard == expected == (gain > penalty)
         assert float(map_objective(gp)) == pytest.approx(fits[expected], abs=0.05)
-    # the finite network keeps one shared scale below the rule, though ARD is chosen for its limit on these data
-    assert infinite_width_gp(X, Y, activation="erf", outcome_transform=None).covar_module.ard
-    relative = infinite_width_of(calibrated_model(X, Y, width=4)).input_scale * (X.max(0).values - X.min(0).values) / 2
+    # the finite network keeps one shared scale below the rule, though ARD is chosen for its limit on these
+    # data (standardized, as the surrogates fit them)
+    y = (Y - Y.mean()) / Y.std()
+    assert infinite_width_gp(X, y, activation="erf", outcome_transform=None).covar_module.ard
+    relative = infinite_width_of(calibrated_model(X, y, width=4)).input_scale * (X.max(0).values - X.min(0).values) / 2
     torch.testing.assert_close(relative, relative[:1].expand_as(relative), rtol=1e-9, atol=0)
 
 

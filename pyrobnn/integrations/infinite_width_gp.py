@@ -448,7 +448,8 @@ def _fit_from_starts(x, y, starts, activations, **kernel_options) -> dict:
     kernel = _ActivationsKernel(d, activations=activations, batch_shape=torch.Size([a * k]) + outcomes, **kernel_options)
     for name in SCALE_NAMES:
         kernel._set_scale(name, starts[name])
-    gp = SingleTaskGP(x.expand(a * k, n, d), y.expand(a * k, n, m), covar_module=kernel)
+    # no outcome transform: ``y`` is in the units the fit is for (BoTorch would standardize it by default)
+    gp = SingleTaskGP(x.expand(a * k, n, d), y.expand(a * k, n, m), covar_module=kernel, outcome_transform=None)
     gp.likelihood.noise = starts["noise"].expand_as(gp.likelihood.noise).clone()
     gp.mean_module.constant = starts["mean"].expand_as(gp.mean_module.constant).clone()
     fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
