@@ -193,6 +193,13 @@ class MethodSpec:
         (``False`` states where a method cannot bound it, and why: ``unbounded_because``).
     :ivar bo_options: the options it runs with as a Bayesian-optimization surrogate (small
         budgets for 10-200 points), under the user's.
+    :ivar bo_limit_network: whether its default surrogate's network is the whole network of its
+        calibrated infinite-width limit (the activation the fit chose and the GP's constant mean,
+        :func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model`'s default) or, ``False``,
+        an erf network without the mean (measured better for the deep ensemble; not for
+        Laplace, whose one MAP did not reach the data from a mean 10 standard deviations off,
+        nor for IVON, which gained on Ackley-10 and Levy-20 and fell to random search's level on
+        Branin; docs/bayesopt.md).
     :ivar warm_start: how a refit starts from its previous result (:class:`WarmStart`;
         ``None``: a refit starts cold).
     """
@@ -210,6 +217,7 @@ class MethodSpec:
     constraints: dict = field(default_factory=dict)
     rules: tuple = ()
     bo_options: dict = field(default_factory=dict)
+    bo_limit_network: bool = False
     warm_start: Optional[WarmStart] = None
 
     def __post_init__(self):

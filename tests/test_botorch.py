@@ -265,6 +265,29 @@ def test_condition_on_observations_refits_warm(surrogates, kind):
         torch.testing.assert_close(torch.as_tensor(settings["prior_precision"]), s.result.prior_precision)
 
 
+def test_a_refit_whose_data_choose_the_other_activation_starts_cold():
+    """The default surrogate's network is chosen again at every fit, its activation included
+    (ReLU for this 3-D function's first 20 and 24 Sobol points, erf at 28): a refit that keeps
+    ReLU continues from the previous members, one whose data choose erf starts from scratch (the
+    previous members are another network's); its network is then the erf limit's, mean included."""
+    from torch.quasirandom import SobolEngine
+
+    from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
+    from pyrobnn.models.infinite_width import infinite_width_of
+
+    X = SobolEngine(3, scramble=True, seed=0).draw(28).to(torch.float64)
+    Y = torch.sin(4 * X[:, :1]) + (X[:, 1:] - 0.3).pow(2).sum(-1, keepdim=True)
+    s = fit_surrogate(X[:20], Y[:20], "deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4)
+    t = s.condition_on_observations(X[20:24], Y[20:24])
+    u = t.condition_on_observations(X[24:], Y[24:])
+    assert [infinite_width_of(v.result.model).activation for v in (s, t, u)] == ["relu", "relu", "erf"]
+    assert t.warm and not u.warm
+    assert t.result.settings["init"].startswith(type(s.result).__name__) and u.result.settings.get("init") is None
+    y = (Y - Y.mean()) / Y.std()
+    gp = infinite_width_gp(X, y, ard=False, outcome_transform=None)
+    torch.testing.assert_close(infinite_width_of(u.result.model).output_mean, gp.mean_module.constant.detach().reshape(1), rtol=1e-6, atol=1e-9)
+
+
 def test_input_transform_applies_as_in_botorch():
     X, Y = data()
     # bounds whose map is exact in floating point: the calibrated prior's marginal likelihood fit
@@ -314,8 +337,10 @@ def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data(
     s = fit_surrogate(X, Y, "laplace", options=QUICK["laplace"], num_samples=4)
     # the surrogate's prior is the infinite-width GP's fit to the standardized data
     y = (Y - Y.mean()) / Y.std()
+    # Laplace's network is erf without the GP's mean (its MethodSpec.bo_limit_network is false)
     gp = infinite_width_gp(X, y, activation="erf", ard=False, outcome_transform=None)  # calibrated_model's shape: 6 points per feature
     expected, got = gp.covar_module.network(), infinite_width_of(s.result.model)
+    assert got.activation == "erf" and got.output_mean is None
     torch.testing.assert_close(torch.tensor(got.weight_scales), torch.tensor(expected.weight_scales), rtol=1e-6, atol=0)
     torch.testing.assert_close(torch.tensor(got.bias_scales), torch.tensor(expected.bias_scales), rtol=1e-6, atol=0)
     torch.testing.assert_close(got.input_scale, expected.input_scale, rtol=1e-6, atol=0)
@@ -338,6 +363,27 @@ def test_an_unfitted_bnn_surrogate_reloads_a_fitted_ones_state(method):
     x = torch.rand(5, D, dtype=torch.float64)
     torch.testing.assert_close(fresh.posterior(x).values, fitted.posterior(x).values, rtol=1e-12, atol=1e-12)
     assert fresh.linearized == (method == "laplace")
+
+
+def test_a_reloaded_state_rebuilds_the_network_its_data_chose():
+    """The fitted network's activation is chosen by its data (ReLU for this 3-D function's 20
+    Sobol points) and holds no tensor; an unfitted surrogate holds erf: the state carries the
+    activation, and the reloaded surrogate predicts as the fitted one, output mean included."""
+    from torch.quasirandom import SobolEngine
+
+    from pyrobnn.models.infinite_width import infinite_width_of
+
+    X = SobolEngine(3, scramble=True, seed=0).draw(20).to(torch.float64)
+    Y = torch.sin(4 * X[:, :1]) + (X[:, 1:] - 0.3).pow(2).sum(-1, keepdim=True)
+    fitted = BNNSurrogate(X, Y, method="deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4).fit()
+    fresh = BNNSurrogate(X, Y, method="deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4)
+    before, after = infinite_width_of(fresh.model), infinite_width_of(fitted.model)
+    assert (before.activation, before.output_mean) == ("erf", None) and after.activation == "relu"
+    fresh.load_state_dict(fitted.state_dict())
+    again = infinite_width_of(fresh.model)
+    assert again.activation == "relu" and torch.equal(again.output_mean, after.output_mean)
+    x = torch.rand(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(fresh.posterior(x).values, fitted.posterior(x).values, rtol=1e-12, atol=1e-12)
 
 
 def test_a_scalarizing_posterior_transform_applies_member_by_member(surrogates):

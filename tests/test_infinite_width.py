@@ -8,6 +8,7 @@ moment the kernel states), so the empirical covariance of prior draws of the fin
 :meth:`InfiniteWidthMLP.bayesian_model` builds must match it within Monte Carlo error; the GPyTorch
 kernel equals the description it hands to the finite network."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 import pyrobnn
-from pyrobnn.models.infinite_width import Erf, InfiniteWidthMLP, InputScaling, activation_expectation, infinite_width_of
+from pyrobnn.models.infinite_width import Erf, InfiniteWidthMLP, InputScaling, OutputMean, activation_expectation, infinite_width_of
 
 
 def quadrature_expectation(kxx, kxy, kyy, order=80):
@@ -86,6 +87,32 @@ def test_one_hidden_layer_networks_prior_covariance_is_the_kernel_at_any_width(a
     kernel = net.covariance(x)
     assert ((empirical - kernel).abs() < 5 * se).all(), (empirical, kernel, se)
     torch.testing.assert_close(net.covariance(x, diag=True), kernel.diagonal())
+
+
+def test_an_output_mean_is_the_limits_mean_and_leaves_its_covariance():
+    """A GP with a constant mean is the limit of the network with that output offset: the prior
+    draws' mean is the offset per output, their covariance about it the kernel (one hidden layer:
+    exact at any width, within Monte Carlo error)."""
+    mean = torch.tensor([1.7, -0.4], dtype=torch.float64)
+    net = dataclasses.replace(description("relu"), output_mean=mean)
+    model = net.bayesian_model(pyrobnn.GaussianLikelihood(scale=0.1), out_features=2, width=16)
+    assert isinstance(model.net[-1], OutputMean) and not any(site.name.startswith(f"{len(model.net) - 1}.") for site in model.sites)
+    x = torch.tensor([[0.1, 0.9, -0.3], [1.2, -0.4, 0.0], [0.5, 0.5, 0.5]], dtype=torch.float64)
+    f = prior_draws(model, x, 100_000)  # (draws, points, outputs)
+    average, se = f.mean(0), f.std(0) / math.sqrt(f.shape[0])
+    assert ((average - mean).abs() < 5 * se).all(), (average, se)
+    centred = f - mean
+    products = centred.unsqueeze(-2) * centred.unsqueeze(-3)  # (draws, points, points, outputs)
+    empirical, se = products.mean(0), products.std(0) / math.sqrt(f.shape[0])
+    kernel = net.covariance(x).unsqueeze(-1)
+    assert ((empirical - kernel).abs() < 5 * se).all(), (empirical, kernel, se)
+    back = infinite_width_of(model)  # the description reads back, mean included
+    torch.testing.assert_close(back.output_mean, mean)
+    assert infinite_width_of(description("relu").bayesian_model(pyrobnn.GaussianLikelihood(), width=4)).output_mean is None
+    with pytest.raises(ValueError, match="output_mean has 2 values for 3 outputs"):
+        net.bayesian_model(pyrobnn.GaussianLikelihood(), out_features=3, width=4)
+    with pytest.raises(ValueError, match="mean must be a finite"):
+        dataclasses.replace(net, output_mean=torch.tensor([math.nan], dtype=torch.float64))
 
 
 @pytest.mark.slow
@@ -174,12 +201,15 @@ def test_infinite_width_gp_fits_and_predicts_in_bounds():
 
 def test_several_outcomes_fit_one_kernel_each_and_the_network_takes_their_geometric_mean():
     X, Y = toy(m=2)
-    gp = infinite_width_gp(X, Y, activation="erf", outcome_transform=None)  # calibrated_model's default activation
+    gp = infinite_width_gp(X, Y, outcome_transform=None)
     assert gp.covar_module.batch_shape == torch.Size([2]) and gp.posterior(X[:3]).mean.shape == (3, 2)
     model = calibrated_model(X, Y, width=8)
     per_outcome = [gp.covar_module.network(i).weight_scales[-1] for i in range(2)]
     assert infinite_width_of(model).weight_scales[-1] == pytest.approx(math.sqrt(per_outcome[0] * per_outcome[1]), rel=1e-9)
-    assert model.net[-1].out_features == 2
+    assert model.net[-2].out_features == 2
+    means = gp.mean_module.constant.detach()
+    assert means.shape == (2,) and abs(float(means[1] - means[0])) > 0.1  # one constant mean per outcome, and they differ
+    torch.testing.assert_close(model.net[-1].mean, means, rtol=1e-9, atol=1e-12)
     with pytest.raises(ValueError, match="train_Y must be"):
         infinite_width_gp(X, Y[:5])
     with pytest.raises(ValueError, match="width must be"):
@@ -336,10 +366,9 @@ def test_the_activation_is_the_more_probable_ones():
         assert gp.covar_module.activation == expected
         assert max(each, key=each.get) == expected and abs(each["erf"] - each["relu"]) > 5  # nats: not a near tie
         assert float(map_objective(gp)) >= each[expected] - 0.05  # nats: a batched fit can end a few hundredths from its fit alone
-        model = calibrated_model(X, Y, width=4, activation=("erf", "relu"))
-        assert infinite_width_of(model).activation == expected
+        assert infinite_width_of(calibrated_model(X, Y, width=4)).activation == expected  # the finite surrogates' too
     X, Y, _ = bowl_and_odd()[0]
-    assert infinite_width_of(calibrated_model(X, Y, width=4)).activation == "erf"  # the finite surrogates' default
+    assert infinite_width_of(calibrated_model(X, Y, width=4, activation="erf")).activation == "erf"
 
 
 def test_one_scale_per_feature_only_where_the_data_pay_for_its_extra_scales():

@@ -4,7 +4,9 @@ r"""Every pyrobnn posterior as a BoTorch surrogate for Bayesian optimization.
 with any registered method (:mod:`pyrobnn.methods`) and returns a BoTorch ``Model``. Unless a
 model is given, its prior is chosen by the data at every fit: the scales and noise that maximize
 the marginal likelihood of the network's infinite-width limit
-(:func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model`). The surrogates:
+(:func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model`), and for the methods whose
+``MethodSpec.bo_limit_network`` is set (the deep ensemble) the limit's whole network: the
+activation its fit chose (erf or ReLU) and its constant mean as an output offset. The surrogates:
 
 - :class:`PosteriorSurrogate` (every method): BoTorch's ``EnsembleModel`` over ``S`` weight
   draws of the result, :math:`f_s(x) = f(x, w_s)`. Each member is one whole function (the same
@@ -96,7 +98,8 @@ def default_model(d: int, m: int = 1, *, width: int = 50, depth: int = 2, dtype=
     -> 50 -> m`` with erf activations (smooth like tanh, with a closed-form infinite-width
     kernel) behind an :class:`~pyrobnn.models.infinite_width.InputScaling` of the unit cube onto
     [-1, 1], Gaussian priors scaled by fan-in, and a fixed noise scale of 0.1. :func:`fit_surrogate`
-    replaces its scales and noise at every fit by those of
+    replaces its scales and noise at every fit (and, per method, its activation and an output
+    mean) by those of
     :func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model` (empirical Bayes through the
     network's infinite-width limit); this model is the shape a surrogate has before its first fit
     (e.g. a :class:`BNNSurrogate` that reloads a saved state)."""
@@ -174,7 +177,8 @@ class Surrogate:
     def refit(self, X=None, Y=None, *, warm: bool = True):
         """A new surrogate fitted to the training data plus ``(X, Y)`` (in original units), from this
         one's posterior when ``warm`` (its method's :class:`~pyrobnn.methods.WarmStart`), else
-        from scratch as the first fit."""
+        from scratch as the first fit. A default surrogate whose new data choose the other
+        activation refits from scratch too: its previous posterior is another network's."""
         record = self.fit_record
         train_X, train_Y = record.train_X, record.train_Y
         if X is not None:
@@ -278,6 +282,33 @@ class PosteriorSurrogate(Surrogate, EnsembleModel):
         for k, v in draws.items():
             self.register_buffer(k, v.detach().clone())
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def get_extra_state(self) -> dict:
+        """What of the network a state must carry besides tensors: its activation (a default
+        surrogate's units are chosen at every fit and hold no tensor) and whether it has an
+        :class:`~pyrobnn.models.infinite_width.OutputMean`; nothing for a network that is no
+        :func:`~pyrobnn.models.infinite_width.infinite_width_of` MLP."""
+        try:
+            description = infinite_width_of(self.model)
+        except ValueError:
+            return {}
+        return {"activation": description.activation, "output_mean": description.output_mean is not None}
+
+    def set_extra_state(self, state: dict):
+        """Rebuild the network as the state's was (called by ``load_state_dict`` before the
+        network's own buffers, which then fill it: an unfitted :class:`BNNSurrogate` holds the
+        shape of :func:`default_model`, erf and no output mean)."""
+        if not state:
+            return
+        description = infinite_width_of(self.model)
+        if (description.activation, description.output_mean is not None) == (state["activation"], state["output_mean"]):
+            return
+        linears = [module for module in self.model.net if isinstance(module, torch.nn.Linear)]
+        m, width = linears[-1].out_features, linears[0].out_features
+        like = description.input_center
+        mean = torch.zeros(m, dtype=like.dtype, device=like.device) if state["output_mean"] else None  # its values are loaded next
+        rebuilt = dataclasses.replace(description, activation=state["activation"], output_mean=mean)
+        self.model = rebuilt.bayesian_model(self.model.likelihood, out_features=m, width=width, dtype=self.model.dtype)
 
     @property
     def num_members(self) -> int:
@@ -568,9 +599,11 @@ def fit_surrogate(
         ``"deep_ensemble"``, ``"laplace"``, ``"ivon"``, ``"swag"``, ``"sgld"``, a guide's...
     :param model: a :class:`~pyrobnn.models.BayesianModel`, or ``model(d, m) -> BayesianModel``;
         default: at every fit, :func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model` of
-        the (transformed) training data, a ``d-50-50-m`` erf network whose prior scales and noise
+        the (transformed) training data, a ``d-50-50-m`` network whose prior scales and noise
         are fitted by the marginal likelihood of its infinite-width limit (the shape of
-        :func:`default_model`). Its dtype is the surrogate's working precision.
+        :func:`default_model`), and for a method whose ``MethodSpec.bo_limit_network`` is set,
+        its activation (erf or ReLU) and output mean too; otherwise erf. Its dtype is the
+        surrogate's working precision.
     :param options: the method's options, merged over its ``bo_options``
         (:class:`~pyrobnn.methods.MethodSpec`).
     :param num_samples: ensemble members (weight draws) of a :class:`PosteriorSurrogate`.
@@ -653,13 +686,16 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
     model = record.model
     x, y = x.to(model.dtype), y.to(model.dtype)
     start = time.perf_counter()
+    method = methods.spec(record.method)
     if record.calibrate:  # the prior and noise chosen by these data (empirical Bayes), at every fit
-        model = calibrated_model(x, y, width=_width(record.model), depth=infinite_width_of(record.model).depth)
+        network = {} if method.bo_limit_network else dict(activation="erf", output_mean=False)
+        model = calibrated_model(x, y, width=_width(record.model), depth=infinite_width_of(record.model).depth, **network)
     y_fit = y.reshape(-1) if y.shape[-1] == 1 and _one_output(model, x) else y
     options = dict(record.options)
     options.setdefault("seed", record.seed)
-    method = methods.spec(record.method)
     warm = previous is not None and method.warm_start is not None
+    if warm and record.calibrate and infinite_width_of(previous.model).activation != infinite_width_of(model).activation:
+        warm = False  # the data chose the other activation: the previous posterior is another network's
     if warm:
         options = method.warm_start.options(method, model, previous, x, y_fit, options, record.warm_fraction, record.seed)
     result = method.run(model, x, y_fit, **options)

@@ -26,8 +26,12 @@ where the expectation is over the bivariate Gaussian with the layer's covariance
   :math:`\cos\theta = K(x,x')/\sqrt{K(x,x)K(x',x')}` (the arc-cosine kernel of degree 1, Cho &
   Saul 2009).
 
-:class:`InfiniteWidthMLP` is such a network's description (the scales above, the activation and
-the input scaling); it builds the finite network with its priors
+A fixed constant added to the outputs (:class:`OutputMean`, :math:`f(x) = h_{L+1}(x) + \mu`) makes
+the limit :math:`GP(\mu, K_{L+1})`: a GP with a constant mean is the limit of a network with that
+output offset, not of one without it.
+
+:class:`InfiniteWidthMLP` is such a network's description (the scales above, the activation, the
+input scaling and the output mean); it builds the finite network with its priors
 (:meth:`InfiniteWidthMLP.bayesian_model`) and gives the limit's covariance
 (:meth:`InfiniteWidthMLP.covariance`), so that hyperparameters fitted on the kernel by a GP's
 marginal likelihood are the prior of the finite network (:mod:`pyrobnn.integrations.botorch` does
@@ -39,13 +43,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import torch
 from torch import nn
 
 from pyrobnn.models.priors import NormalPrior
 
-__all__ = ["Erf", "InputScaling", "InfiniteWidthMLP", "nngp_covariance", "activation_expectation", "infinite_width_of", "ACTIVATIONS"]
+__all__ = ["Erf", "InputScaling", "OutputMean", "InfiniteWidthMLP", "nngp_covariance", "activation_expectation", "infinite_width_of", "ACTIVATIONS"]
 
 #: the activations whose infinite-width expectation has a closed form here
 ACTIVATIONS = ("erf", "relu")
@@ -107,6 +112,25 @@ class InputScaling(nn.Module):
         return f"features={self.center.numel()}"
 
 
+class OutputMean(nn.Module):
+    r"""A fixed constant added to the network's outputs, :math:`f(x) = g(x) + \mu` (buffer
+    ``mean``: one value per output, or one for all): the prior mean of the function, as a GP's
+    constant mean is. Not random, so it is no weight site of a Bayesian model."""
+
+    def __init__(self, mean: torch.Tensor):
+        super().__init__()
+        mean = mean if isinstance(mean, torch.Tensor) else torch.as_tensor(mean, device=torch.get_default_device())
+        if mean.dim() != 1 or not bool(torch.isfinite(mean).all()):
+            raise ValueError(f"mean must be a finite (outputs,) or (1,) tensor, got shape {tuple(mean.shape)}")
+        self.register_buffer("mean", mean.clone())
+
+    def forward(self, y):
+        return y + self.mean
+
+    def extra_repr(self) -> str:
+        return f"outputs={self.mean.numel()}"
+
+
 def activation_expectation(activation: str, kxx, kxy, kyy):
     r""":math:`\mathbb E[\phi(u)\phi(v)]` for :math:`(u, v)` Gaussian with zero mean, variances
     ``kxx``, ``kyy`` and covariance ``kxy`` (broadcast together), in closed form (module
@@ -157,13 +181,16 @@ class InfiniteWidthMLP:
     :class:`InputScaling` (``input_center``, ``input_scale``), then linear layers with
     ``activation`` between them; layer :math:`l`'s weights :math:`N(0, \sigma_{w,l}^2/
     \mathrm{fan\_in})`, its biases :math:`N(0, \sigma_{b,l}^2)` (``weight_scales``,
-    ``bias_scales``, first to last). ``len(weight_scales) - 1`` hidden layers."""
+    ``bias_scales``, first to last). ``len(weight_scales) - 1`` hidden layers. ``output_mean``
+    (``(outputs,)`` or ``(1,)``, default none: zero) is added to the outputs by an
+    :class:`OutputMean`: the limit's constant mean."""
 
     activation: str
     weight_scales: tuple
     bias_scales: tuple
     input_center: torch.Tensor
     input_scale: torch.Tensor
+    output_mean: Optional[torch.Tensor] = None
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -176,6 +203,8 @@ class InfiniteWidthMLP:
         object.__setattr__(self, "weight_scales", scales[0])
         object.__setattr__(self, "bias_scales", scales[1])
         InputScaling(self.input_center, self.input_scale)  # checks the shapes and values
+        if self.output_mean is not None:
+            OutputMean(self.output_mean)
 
     @property
     def depth(self) -> int:
@@ -192,8 +221,9 @@ class InfiniteWidthMLP:
                                diag=diag)
 
     def network(self, out_features: int, width: int = 50) -> nn.Sequential:
-        """The finite network: ``InputScaling, Linear, act, ..., Linear`` with ``width`` units per
-        hidden layer (parameters on the default device, in the default dtype, as ``nn.Linear``'s)."""
+        """The finite network: ``InputScaling, Linear, act, ..., Linear`` (then ``OutputMean``
+        where there is an output mean) with ``width`` units per hidden layer (parameters on the
+        default device, in the default dtype, as ``nn.Linear``'s)."""
         act = {"erf": Erf, "relu": nn.ReLU}[self.activation]
         d = self.input_center.numel()
         layers, fan_in = [InputScaling(self.input_center, self.input_scale)], d
@@ -201,6 +231,10 @@ class InfiniteWidthMLP:
             layers += [nn.Linear(fan_in, width), act()]
             fan_in = width
         layers.append(nn.Linear(fan_in, out_features))
+        if self.output_mean is not None:
+            if self.output_mean.numel() not in (1, out_features):
+                raise ValueError(f"output_mean has {self.output_mean.numel()} values for {out_features} outputs")
+            layers.append(OutputMean(self.output_mean))
         return nn.Sequential(*layers)
 
     def priors(self) -> dict:
@@ -224,7 +258,7 @@ class InfiniteWidthMLP:
 def infinite_width_of(model) -> InfiniteWidthMLP:
     """The :class:`InfiniteWidthMLP` of a :class:`~pyrobnn.models.BayesianModel` whose network is
     an ``nn.Sequential`` of an optional :class:`InputScaling`, then ``Linear``, activation (``Erf``
-    or ``nn.ReLU``), ..., ``Linear``, every weight and bias random under a
+    or ``nn.ReLU``), ..., ``Linear``, then an optional :class:`OutputMean`, every weight and bias random under a
     :class:`~pyrobnn.models.priors.NormalPrior` (weights scaled by fan-in). Anything else is
     refused by name: its infinite-width limit is not this kernel."""
     net = model.net
@@ -234,6 +268,9 @@ def infinite_width_of(model) -> InfiniteWidthMLP:
     scaling = None
     if modules and isinstance(modules[0][1], InputScaling):
         scaling = modules.pop(0)[1]
+    output_mean = None
+    if modules and isinstance(modules[-1][1], OutputMean):
+        output_mean = modules.pop()[1].mean
     linears = [(name, m) for name, m in modules[0::2]]
     activations = [m for _, m in modules[1::2]]
     if not linears or not all(isinstance(m, nn.Linear) for _, m in linears) or len(linears) != len(activations) + 1:
@@ -262,4 +299,4 @@ def infinite_width_of(model) -> InfiniteWidthMLP:
         center, scale = torch.zeros(d, dtype=like.dtype, device=like.device), torch.ones(1, dtype=like.dtype, device=like.device)
     else:
         center, scale = scaling.center, scaling.scale
-    return InfiniteWidthMLP(kinds.pop(), tuple(weight_scales), tuple(bias_scales), center, scale)
+    return InfiniteWidthMLP(kinds.pop(), tuple(weight_scales), tuple(bias_scales), center, scale, output_mean)

@@ -425,5 +425,6 @@ register(MethodSpec(
     # as a surrogate: anchored members disagree away from the data as the prior does, where MAP
     # members agree (benchmarks/bo_calibration.py); the calibrated default model fits its needs
     bo_options=dict(num_members=8, max_epochs=1000, lr=1e-2, batch_size=None, patience=1000, objective="anchored"),
+    bo_limit_network=True,
     warm_start=WarmStart(init="init", count="num_members", scaled=("max_epochs",)),
 ))
