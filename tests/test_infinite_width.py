@@ -161,7 +161,7 @@ def test_networks_without_this_limit_are_refused_by_name():
 
 botorch = pytest.importorskip("botorch", reason="the infinite-width GP needs the bo extra: pip install 'pyrobnn[bo]'")
 
-from pyrobnn.integrations.infinite_width_gp import SCALE_BOUNDS, SCALE_NAMES, InfiniteWidthKernel, calibrated_model, infinite_width_gp  # noqa: E402
+from pyrobnn.integrations.infinite_width_gp import SCALE_BOUNDS, SCALE_NAMES, InfiniteWidthKernel, calibrated_model, finite_model, infinite_width_gp  # noqa: E402
 
 
 def toy(n=30, d=2, seed=0, m=1):
@@ -214,6 +214,12 @@ def test_several_outcomes_fit_one_kernel_each_and_the_network_takes_their_geomet
         infinite_width_gp(X, Y[:5])
     with pytest.raises(ValueError, match="width must be"):
         calibrated_model(X, Y, width=0)
+    with pytest.raises(ValueError, match="width must be"):
+        finite_model(gp, width=0)
+    with pytest.raises(ValueError, match="fitted without an outcome transform"):
+        finite_model(infinite_width_gp(X, Y), width=8)  # its mean and noise are standardized units
+    with pytest.raises(ValueError, match="gp must be a GP infinite_width_gp"):
+        finite_model(botorch.models.SingleTaskGP(X, Y), width=8)
 
 
 def test_without_an_outcome_transform_the_fit_is_in_the_outcomes_own_units():

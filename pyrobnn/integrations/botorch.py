@@ -33,7 +33,10 @@ activation its fit chose (erf or ReLU) and its constant mean as an output offset
 and new data **warm-started** from the previous posterior (each method's
 :class:`~pyrobnn.methods.WarmStart`, declared beside it: a sampler's last draws as starting
 positions, an ensemble's members, the MAP of Laplace and SWAG) with a stated fraction
-``warm_fraction`` of the cold fit's tuning or training budget. Each method's options as a
+``warm_fraction`` of the cold fit's tuning or training budget; a default surrogate's prior is
+calibrated again from the previous fit's calibration
+(:func:`~pyrobnn.integrations.infinite_width_gp.calibration_fit`'s ``warm_start``), not from
+scratch. Each method's options as a
 surrogate (budgets for tens to hundreds of points, full batch) are its ``bo_options``, declared
 beside it too (:class:`~pyrobnn.methods.MethodSpec`). The input and outcome
 transforms of BoTorch apply as in its own models (the outcome transform, ``Standardize`` by
@@ -78,7 +81,7 @@ from pyrobnn import methods
 from pyrobnn.infer.modes.laplace import LaplacePosterior, function_space_posterior, linearized_outputs, parameter_jacobians
 from pyrobnn.infer.results.protocol import Result
 from pyrobnn.models import BayesianModel
-from pyrobnn.integrations.infinite_width_gp import calibrated_model
+from pyrobnn.integrations.infinite_width_gp import calibration_fit, finite_model
 from pyrobnn.models.functional import call_with_weights
 from pyrobnn.models.infinite_width import InfiniteWidthMLP, infinite_width_of
 from pyrobnn.models.likelihoods import GaussianLikelihood, HeteroscedasticGaussianLikelihood
@@ -127,6 +130,9 @@ class SurrogateFit:
     seconds: float = 0.0
     warm: bool = False
     calibrate: bool = False
+    #: a default surrogate's last calibration (:func:`calibration_fit`), which its warm refit's
+    #: calibration starts from
+    calibration: object = None
 
 
 # -- the models -----------------------------------------------------------------------------------
@@ -177,8 +183,9 @@ class Surrogate:
     def refit(self, X=None, Y=None, *, warm: bool = True):
         """A new surrogate fitted to the training data plus ``(X, Y)`` (in original units), from this
         one's posterior when ``warm`` (its method's :class:`~pyrobnn.methods.WarmStart`), else
-        from scratch as the first fit. A default surrogate whose new data choose the other
-        activation refits from scratch too: its previous posterior is another network's."""
+        from scratch as the first fit. A default surrogate's warm refit calibrates its prior from
+        the previous calibration too; one whose new data choose the other activation refits its
+        weights from scratch: its previous posterior is another network's."""
         record = self.fit_record
         train_X, train_Y = record.train_X, record.train_Y
         if X is not None:
@@ -687,9 +694,13 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
     x, y = x.to(model.dtype), y.to(model.dtype)
     start = time.perf_counter()
     method = methods.spec(record.method)
+    calibration = None
     if record.calibrate:  # the prior and noise chosen by these data (empirical Bayes), at every fit
-        network = {} if method.bo_limit_network else dict(activation="erf", output_mean=False)
-        model = calibrated_model(x, y, width=_width(record.model), depth=infinite_width_of(record.model).depth, **network)
+        activation = {} if method.bo_limit_network else dict(activation="erf")
+        from_previous = previous is not None and method.warm_start is not None and record.calibration is not None
+        calibration = calibration_fit(x, y, depth=infinite_width_of(record.model).depth, **activation,
+                                      warm_start=record.calibration if from_previous else None)
+        model = finite_model(calibration, width=_width(record.model), output_mean=method.bo_limit_network)
     y_fit = y.reshape(-1) if y.shape[-1] == 1 and _one_output(model, x) else y
     options = dict(record.options)
     options.setdefault("seed", record.seed)
@@ -700,7 +711,7 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
         options = method.warm_start.options(method, model, previous, x, y_fit, options, record.warm_fraction, record.seed)
     result = method.run(model, x, y_fit, **options)
     seconds = time.perf_counter() - start
-    new = dataclasses.replace(record, model=model, train_X=train_X, train_Y=train_Y, seconds=seconds, warm=warm,
+    new = dataclasses.replace(record, model=model, train_X=train_X, train_Y=train_Y, seconds=seconds, warm=warm, calibration=calibration,
                               input_transform=record.input_transform, outcome_transform=record.outcome_transform)
     return result, new, input_transform, outcome_transform
 

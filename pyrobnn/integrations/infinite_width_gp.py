@@ -47,7 +47,7 @@ try:
 except ImportError as error:  # pragma: no cover - the optional extra is missing
     raise ImportError("pyrobnn.integrations.infinite_width_gp needs BoTorch: pip install 'pyrobnn[bo]'") from error
 
-__all__ = ["InfiniteWidthKernel", "infinite_width_gp", "calibrated_model", "ARD_POINTS_PER_FEATURE", "SCALE_BOUNDS", "SCALE_HYPERPRIOR",
+__all__ = ["InfiniteWidthKernel", "infinite_width_gp", "calibrated_model", "calibration_fit", "finite_model", "ARD_POINTS_PER_FEATURE", "SCALE_BOUNDS", "SCALE_HYPERPRIOR",
            "FIT_STARTS", "FIT_START_NOISE", "WARM_START_NOISE_LIMIT"]
 
 #: one length scale per input feature (ARD) from this many training points per feature on; below
@@ -474,36 +474,39 @@ def _fit_from_starts(x, y, starts, activations, **kernel_options) -> dict:
     return fits
 
 
-def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation=ACTIVATIONS, ard=None, output_mean: bool = True):
-    r"""A :class:`~pyrobnn.models.BayesianModel` for ``(train_X, train_Y)`` (in the units it will
-    be fitted in: BO surrogates fit standardized outcomes) whose prior was chosen by the data:
-    :func:`infinite_width_gp` fitted without an outcome transform, and the network whose
-    infinite-width limit is that GP: its scales as the weight priors of ``InputScaling ->
-    (Linear, activation) x depth -> Linear`` with ``width`` units
-    (:meth:`InfiniteWidthMLP.bayesian_model`), its constant mean as the network's
-    :class:`~pyrobnn.models.infinite_width.OutputMean`, and its noise standard deviation as the
-    Gaussian likelihood's fixed scale (BoTorch's floor, a variance of 1e-4, holds it off zero on
-    noiseless objectives). With several outcomes, the scales are the geometric means of the
-    per-outcome fits (the network's hidden layers are shared) and the mean is per outcome.
-
-    The mean matters: with the ReLU kernel the fitted mean lies above every observation where the
-    data have a bowl (on Levy-20 at 40 Sobol points 2.9 standardized units, the best point 2.6),
-    and the GP's prediction at the design's centre follows it; a network without it predicts the
-    data's mean there, whatever its inference (docs/bayesopt.md). ``output_mean=False`` leaves it
-    out (the network of every default surrogate before 2026-11-27, and of the methods whose
-    ``MethodSpec.bo_limit_network`` is false).
-
-    ``activation``: :func:`infinite_width_gp`'s, one, or several for the fit to choose among
-    (default: every one, as there). ``ard``: one input scale per feature; default: from
-    :data:`ARD_POINTS_PER_FEATURE` points per feature on, one shared scale below (the choice
-    :func:`infinite_width_gp` makes below it by Schwarz's criterion was measured for the GP only)."""
-    if not (isinstance(width, int) and width >= 1):
-        raise ValueError(f"width must be a positive integer, got {width!r}")
+def calibration_fit(train_X, train_Y, *, depth: int = 2, activation=ACTIVATIONS, ard=None, warm_start=None) -> SingleTaskGP:
+    """The fit :func:`calibrated_model` makes: :func:`infinite_width_gp` of ``(train_X, train_Y)``
+    without an outcome transform (the outcomes in the units the network will be fitted in), with
+    ``ard`` by default from :data:`ARD_POINTS_PER_FEATURE` points per feature on and one shared
+    scale below (the choice :func:`infinite_width_gp` makes below it by Schwarz's criterion was
+    measured for the GP only). ``warm_start``: a GP this function returned on data these extend
+    (the previous step of a BO loop), fitted again from its own fit as
+    :func:`infinite_width_gp`'s ``warm_start`` (its activations and depth kept, so ``depth`` and
+    ``activation`` are not used with it); a surrogate's warm refit calibrates so."""
     if ard is None and isinstance(train_X, torch.Tensor) and train_X.dim() == 2:  # else infinite_width_gp says what is wrong
         ard = train_X.shape[0] >= ARD_POINTS_PER_FEATURE * train_X.shape[-1]
-    gp = infinite_width_gp(train_X, train_Y, depth=depth, activation=activation, ard=ard, outcome_transform=None)
-    kernel = gp.covar_module
-    m = train_Y.shape[-1] if train_Y.dim() == 2 else 1
+    shape = dict(warm_start=warm_start) if warm_start is not None else dict(depth=depth, activation=activation)
+    return infinite_width_gp(train_X, train_Y, ard=ard, outcome_transform=None, **shape)
+
+
+def finite_model(gp: SingleTaskGP, *, width: int = 50, output_mean: bool = True):
+    r"""The width-``width`` :class:`~pyrobnn.models.BayesianModel` whose infinite-width limit is
+    ``gp`` (a :func:`calibration_fit` or an :func:`infinite_width_gp` without an outcome
+    transform): its kernel's scales as the weight priors of ``InputScaling -> (Linear,
+    activation) x depth -> Linear`` (:meth:`InfiniteWidthMLP.bayesian_model`), its constant mean
+    as the network's :class:`~pyrobnn.models.infinite_width.OutputMean` (``output_mean=False``
+    leaves it out), and its noise standard deviation as the Gaussian likelihood's fixed scale.
+    With several outcomes, the scales are the geometric means of the per-outcome fits (the
+    network's hidden layers are shared) and the mean is per outcome."""
+    if not (isinstance(width, int) and width >= 1):
+        raise ValueError(f"width must be a positive integer, got {width!r}")
+    kernel = getattr(gp, "covar_module", None)
+    if not isinstance(gp, SingleTaskGP) or not isinstance(kernel, InfiniteWidthKernel):
+        raise ValueError(f"gp must be a GP infinite_width_gp or calibration_fit returned, got {type(gp).__name__}")
+    if getattr(gp, "outcome_transform", None) is not None:
+        raise ValueError("gp must be fitted without an outcome transform (calibration_fit's): "
+                         "its mean and noise are in the transformed units")
+    m = gp.num_outputs
     nets = [kernel.network(i) for i in range(m)]
 
     def geometric(values):
@@ -520,4 +523,29 @@ def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activ
     )
     noise = float(gp.likelihood.noise.detach().log().mean().exp().sqrt())
     likelihood = GaussianLikelihood(scale=noise)
-    return net.bayesian_model(likelihood, out_features=m, width=width, dtype=train_X.dtype)
+    return net.bayesian_model(likelihood, out_features=m, width=width, dtype=gp.train_inputs[0].dtype)
+
+
+def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation=ACTIVATIONS, ard=None, output_mean: bool = True):
+    r"""A :class:`~pyrobnn.models.BayesianModel` for ``(train_X, train_Y)`` (in the units it will
+    be fitted in: BO surrogates fit standardized outcomes) whose prior was chosen by the data:
+    :func:`finite_model` of :func:`calibration_fit`, that is :func:`infinite_width_gp` fitted
+    without an outcome transform, and the network whose infinite-width limit is that GP: its
+    scales as the weight priors, its constant mean as the network's
+    :class:`~pyrobnn.models.infinite_width.OutputMean`, and its noise standard deviation as the
+    Gaussian likelihood's fixed scale (BoTorch's floor, a variance of 1e-4, holds it off zero on
+    noiseless objectives).
+
+    The mean matters: with the ReLU kernel the fitted mean lies above every observation where the
+    data have a bowl (on Levy-20 at 40 Sobol points 2.9 standardized units, the best point 2.6),
+    and the GP's prediction at the design's centre follows it; a network without it predicts the
+    data's mean there, whatever its inference (docs/bayesopt.md). ``output_mean=False`` leaves it
+    out (the network of every default surrogate before 2026-11-27, and of the methods whose
+    ``MethodSpec.bo_limit_network`` is false).
+
+    ``activation``: :func:`infinite_width_gp`'s, one, or several for the fit to choose among
+    (default: every one, as there). ``ard``: one input scale per feature; default as
+    :func:`calibration_fit`'s."""
+    if not (isinstance(width, int) and width >= 1):
+        raise ValueError(f"width must be a positive integer, got {width!r}")
+    return finite_model(calibration_fit(train_X, train_Y, depth=depth, activation=activation, ard=ard), width=width, output_mean=output_mean)
