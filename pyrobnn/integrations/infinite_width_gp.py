@@ -546,6 +546,6 @@ def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activ
     ``activation``: :func:`infinite_width_gp`'s, one, or several for the fit to choose among
     (default: every one, as there). ``ard``: one input scale per feature; default as
     :func:`calibration_fit`'s."""
-    if not (isinstance(width, int) and width >= 1):
+    if not (isinstance(width, int) and width >= 1):  # before the fit, as finite_model would after it
         raise ValueError(f"width must be a positive integer, got {width!r}")
     return finite_model(calibration_fit(train_X, train_Y, depth=depth, activation=activation, ard=ard), width=width, output_mean=output_mean)
