@@ -354,6 +354,22 @@ def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data(
     assert got.weight_scales != infinite_width_of(default_model(D, 1)).weight_scales
 
 
+def test_mclmc_surrogates_network_is_its_calibrated_limits_whole_network():
+    """MCLMC's MethodSpec.bo_limit_network is on: its default network has the units its
+    calibration chose and the fitted GP's constant mean as its output offset (the network whose
+    limit the calibration is), with the calibration's scales as its priors."""
+    from pyrobnn.models.infinite_width import infinite_width_of
+
+    X, Y = data()
+    s = fit_surrogate(X, Y, "mclmc", options=QUICK["mclmc"], num_samples=4)
+    calibration = s.fit_record.calibration
+    expected, got = calibration.covar_module.network(), infinite_width_of(s.result.model)
+    assert got.activation == expected.activation
+    torch.testing.assert_close(got.output_mean, calibration.mean_module.constant.detach().reshape(1), rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(torch.tensor(got.weight_scales), torch.tensor(expected.weight_scales), rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.input_scale, expected.input_scale, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("method", ["deep_ensemble", "laplace"])
 def test_an_unfitted_bnn_surrogate_reloads_a_fitted_ones_state(method):
     """Ax's cross-validation: a new BNNSurrogate on the same data takes a fitted one's state
