@@ -515,7 +515,7 @@ def main(argv=None):
         print("svi:", json.dumps(report["svi"], indent=1, default=str), flush=True)
     if "samplers" not in args.skip:
         report["samplers"] = sampler_section(device, args.quick, args.smoke, not args.no_reference)
-        report["samplers"]["nuts_host_reads"] = nuts_host_reads(device, 10 if args.smoke else 40)
+        report["samplers"]["nuts_host_reads"] = nuts_host_reads(device, 4 if args.smoke else 40)
         print("samplers:", json.dumps(report["samplers"], indent=1, default=str), flush=True)
     report["seconds"] = time.perf_counter() - start
     print(json.dumps(report, default=str))

@@ -6,14 +6,9 @@ import math
 
 import pytest
 
-pytest.importorskip("ax", reason="the Ax adapter needs Ax: pip install ax-platform")
-
-from ax.adapter.cross_validation import cross_validate  # noqa: E402
-from ax.api.client import Client  # noqa: E402
-from ax.api.configs import RangeParameterConfig  # noqa: E402
-
-from pyrobnn.integrations.ax import generation_strategy  # noqa: E402
-from pyrobnn.integrations.botorch import BNNSurrogate  # noqa: E402
+# Ax is imported in the test, not here: its import takes about 11 s, and every pytest-xdist worker
+# collects every module, the default run's too, where this module's one test is deselected
+AX_REASON = "the Ax adapter needs Ax: pip install ax-platform"
 
 
 def branin(x1, x2):
@@ -22,6 +17,14 @@ def branin(x1, x2):
 
 @pytest.mark.slow  # Ax's imports and a Client run: tens of seconds on a loaded machine
 def test_a_client_runs_bo_with_a_bnn_surrogate_and_cross_validates():
+    pytest.importorskip("ax", reason=AX_REASON)
+    from ax.adapter.cross_validation import cross_validate
+    from ax.api.client import Client
+    from ax.api.configs import RangeParameterConfig
+
+    from pyrobnn.integrations.ax import generation_strategy
+    from pyrobnn.integrations.botorch import BNNSurrogate
+
     client = Client(random_seed=0)
     client.configure_experiment(parameters=[RangeParameterConfig(name="x1", parameter_type="float", bounds=(-5, 10)),
                                             RangeParameterConfig(name="x2", parameter_type="float", bounds=(0, 15))])

@@ -67,6 +67,7 @@ def test_compare_quick_on_the_toy_data(tmp_path):
     assert rows["reference"]["chains_total"] == 2 and "mode" not in stdout.lower()
 
 
+@pytest.mark.slow  # 16-31 s: NUTS's reference on a UCI split; in .ci/run's -m slow (tests/test_compare.py keeps the command's other paths)
 def test_compare_quick_on_a_uci_split(tmp_path, shared_data_dir):
     if not os.path.isdir(os.path.join(shared_data_dir, "uci", "yacht")):
         pytest.skip(f"UCI yacht not found under {shared_data_dir} (set PYROBNN_DATA)")
@@ -168,6 +169,7 @@ def test_bayesopt_benchmark_quick(tmp_path):
     assert {e["name"] for e in entries} == {"Bayesian optimization, branin", "Bayesian optimization, hartmann6"}
 
 
+@pytest.mark.slow  # 30-45 s (the host-read count runs NUTS under a dispatch mode): in .ci/run's -m slow
 def test_gpu_benchmark_runs_on_the_cpu(tmp_path):
     """benchmarks/gpu.py in its smoke setting on the CPU (GPU machines are lent by chance, so the
     script must not rot between them): every timing is a positive figure, the recorded SVI step

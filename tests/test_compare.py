@@ -71,6 +71,7 @@ def test_compare_refuses_an_unknown_reference_or_method(tmp_path):
         compare.run_compare(out_dir=str(tmp_path), methods=["hamiltonian_vi"], quick=True, progress=False)
 
 
+@pytest.mark.slow  # 14-26 s: four methods after a reference; in .ci/run's -m slow
 def test_compare_runs_the_baselines_built_on_the_ensemble(tmp_path):
     """Laplace, SWAG, SGLD and SGHMC on the toy problem, quick: finite scores, and the
     sample-based ones close to the ensemble they start from (W2 to the reference of the same

@@ -308,6 +308,7 @@ def test_degeneracy_refuses_training_data_it_cannot_read():
             diagnostics.degeneracy(model, samples, **kwargs)
 
 
+@pytest.mark.slow  # 2000 members, about 25 s: in .ci/run's -m slow; the MAP member's exactness stays in the default run
 def test_anchored_members_are_exact_posterior_draws_of_a_linear_model():
     """Randomized MAP on conjugate Bayesian linear regression: member k minimizes
     |y + s_n e_k - X w|^2 / (2 s_n^2) + |w - a_k|^2 / (2 s_p^2), whose minimizer

@@ -201,9 +201,10 @@ def test_infinite_width_gp_fits_and_predicts_in_bounds():
 
 def test_several_outcomes_fit_one_kernel_each_and_the_network_takes_their_geometric_mean():
     X, Y = toy(m=2)
-    gp = infinite_width_gp(X, Y, outcome_transform=None)
+    # erf only: the claim is per outcome, not the activation's choice (tested apart)
+    gp = infinite_width_gp(X, Y, activation="erf", outcome_transform=None)
     assert gp.covar_module.batch_shape == torch.Size([2]) and gp.posterior(X[:3]).mean.shape == (3, 2)
-    model = calibrated_model(X, Y, width=8)
+    model = finite_model(gp, width=8)  # calibrated_model's network: finite_model of this fit
     per_outcome = [gp.covar_module.network(i).weight_scales[-1] for i in range(2)]
     assert infinite_width_of(model).weight_scales[-1] == pytest.approx(math.sqrt(per_outcome[0] * per_outcome[1]), rel=1e-9)
     assert model.net[-2].out_features == 2
@@ -217,11 +218,12 @@ def test_several_outcomes_fit_one_kernel_each_and_the_network_takes_their_geomet
     with pytest.raises(ValueError, match="width must be"):
         finite_model(gp, width=0)
     with pytest.raises(ValueError, match="fitted without an outcome transform"):
-        finite_model(infinite_width_gp(X, Y), width=8)  # its mean and noise are standardized units
+        finite_model(infinite_width_gp(X[:, :1], Y[:, :1], activation="erf"), width=8)  # its mean and noise are standardized units
     with pytest.raises(ValueError, match="gp must be a GP infinite_width_gp"):
         finite_model(botorch.models.SingleTaskGP(X, Y), width=8)
 
 
+@pytest.mark.slow  # two fits of unstandardized outcomes, 11-19 s: in .ci/run's -m slow
 def test_without_an_outcome_transform_the_fit_is_in_the_outcomes_own_units():
     """The likelihood is exactly equivariant under a shift of the outcomes (the constant mean moves
     with it, nothing else sees it): fitted without an outcome transform, outcomes 10 higher give a
@@ -279,6 +281,7 @@ def hartmann6(n=20, seed=0):
     return X, Hartmann(dim=6, negate=True)(X).unsqueeze(-1)
 
 
+@pytest.mark.slow  # five fits on Hartmann-6, 8-14 s: in .ci/run's -m slow
 def test_the_fit_keeps_the_most_probable_of_its_starts():
     """On Hartmann-6 at 20 Sobol points the first start alone ends in the mode that explains the
     data as noise (a nearly constant function, noise variance 0.65 of the outcomes'); the
@@ -312,13 +315,14 @@ def test_bad_starts_are_refused_by_name(starts):
         infinite_width_gp(X, Y, starts=starts)
 
 
+@pytest.mark.slow  # the warp's fit takes 15-30 s: in .ci/run's -m slow
 def test_a_learnable_input_transform_is_fitted_with_the_kernel():
     from botorch.models.transforms.input import Warp
 
     X, Y = toy()
     warp = Warp(d=2, indices=[0, 1]).to(torch.float64)
     before = [p.detach().clone() for p in warp.parameters()]
-    gp = infinite_width_gp(X, Y, activation="erf", input_transform=warp)  # one kernel: the claim is the transform's
+    gp = infinite_width_gp(X, Y, activation="erf", ard=False, input_transform=warp)  # one kernel: the claim is the transform's
     fitted = float(map_objective(gp))
     with torch.no_grad():  # the same GP with the warp put back where it started
         for b, p in zip(before, gp.input_transform.parameters()):
@@ -365,6 +369,9 @@ def bowl_and_odd():
             (X2, torch.sin(3 * (X2[:, :1] - 0.5)) + X2[:, 1:] - 0.5, "erf"))
 
 
+# six fits of both activations, 30-40 s: in .ci/run's -m slow; the warm refit across a change of
+# activation (tests/test_botorch.py) keeps the choice in the default run
+@pytest.mark.slow
 def test_the_activation_is_the_more_probable_ones():
     for X, Y, expected in bowl_and_odd():
         each = {a: float(map_objective(infinite_width_gp(X, Y, activation=a))) for a in ("erf", "relu")}
@@ -377,6 +384,7 @@ def test_the_activation_is_the_more_probable_ones():
     assert infinite_width_of(calibrated_model(X, Y, width=4, activation="erf")).activation == "erf"
 
 
+@pytest.mark.slow  # eight fits, about 20 s: in .ci/run's -m slow
 def test_one_scale_per_feature_only_where_the_data_pay_for_its_extra_scales():
     """Below ARD_POINTS_PER_FEATURE points per feature the fit keeps ARD where its objective beats
     the shared scale's by more than Schwarz's (d - 1)/2 log n: not on a 6-D bowl where two features
@@ -465,6 +473,7 @@ def test_a_warm_refit_starts_from_the_previous_fit_and_ends_where_a_cold_fit_doe
     assert float(map_objective(again)) == pytest.approx(float(map_objective(warm)), abs=1e-3)
 
 
+@pytest.mark.slow  # 11-19 s: in .ci/run's -m slow (the default run keeps the warm refit's other tests)
 def test_a_warm_refit_carries_the_input_scales_to_the_shape_the_data_choose():
     """Below 10 points per feature both shapes are fitted from the previous fit: one shared input
     scale from the previous per-feature scales' geometric mean, one per feature from its shared

@@ -63,7 +63,7 @@ def test_mclmc_recovers_the_mean_and_variance_of_a_gaussian():
     """20 coordinates with standard deviations 0.5-3: mean and variance of every coordinate within
     5 Monte Carlo standard errors, at a target energy variance (1e-6 per dimension) where the
     unadjusted sampler's bias is below the Monte Carlo error."""
-    mean_z, var_z, _ = gaussian_moments_z(1e-6)
+    mean_z, var_z, _ = gaussian_moments_z(1e-6, steps=5000)  # the errors in standard errors: fewer steps, a wider bound
     assert mean_z.abs().max() < 5, mean_z
     assert var_z.abs().max() < 5, var_z
 

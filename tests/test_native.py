@@ -171,6 +171,7 @@ def _record(folder):
     return os.path.join(folder, name)
 
 
+@pytest.mark.slow  # two native builds into fresh caches, 18-32 s: in .ci/run's -m slow (the default run builds the kernels once)
 def test_the_cache_is_built_once_and_refuses_what_it_cannot_trust(fresh_cache, monkeypatch):
     _, record = native.library()
     assert record["event"] == "built"
