@@ -8,7 +8,6 @@ import pytest
 
 # Ax is imported in the test, not here: its import takes about 11 s, and every pytest-xdist worker
 # collects every module, the default run's too, where this module's one test is deselected
-AX_REASON = "the Ax adapter needs Ax: pip install ax-platform"
 
 
 def branin(x1, x2):
@@ -17,7 +16,7 @@ def branin(x1, x2):
 
 @pytest.mark.slow  # Ax's imports and a Client run: tens of seconds on a loaded machine
 def test_a_client_runs_bo_with_a_bnn_surrogate_and_cross_validates():
-    pytest.importorskip("ax", reason=AX_REASON)
+    pytest.importorskip("ax", reason="the Ax adapter needs Ax: pip install ax-platform")
     from ax.adapter.cross_validation import cross_validate
     from ax.api.client import Client
     from ax.api.configs import RangeParameterConfig
