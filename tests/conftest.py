@@ -1,4 +1,5 @@
 import os
+import subprocess
 
 # One intra-op thread for the tests, here and in the processes they start: on the two-core
 # machine with its other core busy, two threads made the suite two to three times slower
@@ -28,9 +29,19 @@ def shared_data_dir():
     return os.path.abspath(path)
 
 
-def normal_se(samples: torch.Tensor) -> torch.Tensor:
-    """Standard error of the mean along dim 0."""
-    return samples.std(0) / samples.shape[0] ** 0.5
+@pytest.fixture
+def run_command(tmp_path):
+    """``run_command(args) -> stdout``: a command run in ``tmp_path``, which must exit 0 (its
+    stderr's tail is the failure's message)."""
+
+    def run(args):
+        # a guard against a hang, not a speed test (benchmarks/ time things): a busy machine may
+        # be many times slower than an idle one
+        out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=3600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    return run
 
 
 class ReplayingGraph:
