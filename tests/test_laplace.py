@@ -15,7 +15,7 @@ from pyro.infer import Predictive
 from torch import nn
 
 import pyrobnn
-from pyrobnn.infer.modes.laplace import TwoClassLogits, laplace
+from pyrobnn.infer.modes.laplace import TwoClassLogits, laplace, tune_prior_in_function_space
 from pyrobnn.utils.runtime import tensor_defaults
 from test_conjugate import NOISE, PRIOR, bayesian_linear_model, conjugate_problem
 
@@ -119,6 +119,52 @@ def test_last_layer_laplace_keeps_the_other_sites_at_the_map_and_feeds_predictiv
     assert out.shape == (50, 5, 1)
     glm = result.linearized_predict(x[:5])
     assert glm.loc_samples.shape == (50, 5, 1)
+
+
+def _per_site_last_layer_problem(n):
+    """A ``2-6-1`` tanh network whose last layer's weight and bias have different prior
+    precisions (``fan_in``: 6 for the weights, 1 for the bias), and ``n`` noisy points."""
+    torch.manual_seed(0)
+    x = torch.randn(n, 2, dtype=torch.float64)
+    y = torch.sin(2 * x[:, :1]) + 0.1 * torch.randn(n, 1, dtype=torch.float64)
+    net = nn.Sequential(nn.Linear(2, 6), nn.Tanh(), nn.Linear(6, 1)).double()
+    return pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.1), pyrobnn.NormalPrior(1.0, fan_in=True)), x, y
+
+
+def test_last_layer_sites_keep_their_own_prior_precisions():
+    """With ``subset="last_layer"`` and a full GGN, the last layer's weight and bias keep one
+    precision each: the posterior over that layer is then Bayesian linear regression on the
+    MAP's features phi = [tanh(W1 x + b1), 1], exactly (Phi^T Phi / s^2 + diag(prec))^-1."""
+    model, x, y = _per_site_last_layer_problem(30)
+    result = laplace(model, x, y, subset="last_layer", hessian="full", tune_prior=False, num_samples=4, map_options={"max_epochs": 100})
+    torch.testing.assert_close(result.prior_precision, torch.tensor([6.0, 1.0], dtype=torch.float64))
+    with torch.no_grad():
+        phi = torch.cat([result.map_net[:2](x), torch.ones(30, 1, dtype=torch.float64)], -1)
+    noise = float(model.likelihood.scale())  # 0.1 as the likelihood holds it (float32)
+    exact = torch.linalg.inv(phi.T @ phi / noise**2 + torch.diag(torch.tensor([6.0] * 6 + [1.0], dtype=torch.float64)))
+    torch.testing.assert_close(result.approximation.posterior_covariance, exact, rtol=1e-8, atol=1e-12)
+    with pytest.raises(ValueError, match="hessian='kron' needs one prior precision for the last layer's sites, got"):
+        laplace(model, x, y, subset="last_layer", hessian="kron", map_options={"max_epochs": 2})
+
+
+@pytest.mark.parametrize("n", [5, 30])  # fewer training values than the layer's 7 weights, and more
+def test_last_layer_per_site_tuning_in_either_space_is_one_objective(n):
+    """The last layer's per-site precisions are tuned by the Laplace evidence with the log
+    determinant in function space (N x N, J the features) or in weight space (P x P, the GGN):
+    Sylvester's identity makes them one objective, so the same Adam steps give the same
+    precisions up to rounding, and the tuned evidence is above the untuned one."""
+    model, x, y = _per_site_last_layer_problem(n)
+    fixed = laplace(model, x, y, subset="last_layer", hessian="full", tune_prior=False, num_samples=4, map_options={"max_epochs": 100})
+    la = fixed.approximation
+    with torch.no_grad():
+        J = torch.cat([fixed.map_net[:2](x), torch.ones(n, 1, dtype=torch.float64)], -1)
+    start = torch.tensor([6.0, 1.0], dtype=torch.float64)
+    in_functions = tune_prior_in_function_space(la, J, [6, 1], start, 40)
+    in_weights = tune_prior_in_function_space(la, None, [6, 1], start, 40)
+    torch.testing.assert_close(in_functions, in_weights, rtol=1e-7, atol=0)
+    tuned = laplace(model, x, y, subset="last_layer", hessian="full", tune_steps=40, num_samples=4, map_estimate=dict(fixed.map_values))
+    torch.testing.assert_close(tuned.prior_precision, in_weights, rtol=1e-7, atol=0)
+    assert tuned.log_marginal_likelihood > fixed.log_marginal_likelihood + 1e-3
 
 
 @pytest.mark.parametrize("subset", ["all", "last_layer"])
