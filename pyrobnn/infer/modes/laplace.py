@@ -609,8 +609,8 @@ register(MethodSpec(
     # calibrated model of pyrobnn.integrations.infinite_width_gp), in function space while there
     # are fewer points than weights: held-out NLL at n = 20 within 1.5x of the GP's on 7 of 8
     # problems, 6 of 8 untuned (benchmarks/bo_calibration.py, docs/bayesopt.md). Over the last
-    # layer alone it was ahead of random search on all four development problems but its 90%
-    # intervals covered 6-22% of held-out points at n = 20 (docs/bayesopt.md, 2026-11-28)
+    # layer alone it was ahead of random search on all four development problems, but its 90%
+    # intervals held a median 7-42% of held-out points at n = 20 (docs/bayesopt.md, 2026-11-28)
     bo_options=dict(hessian="full", tune_prior=True, num_samples=64,
                     map_options=dict(max_epochs=1000, lr=1e-2, batch_size=None, patience=1000)),
     warm_start=WarmStart(init=None, prepare=_warm_start, scaled=("tune_steps",), names=("map_estimate", "prior_precision", "map_options")),
