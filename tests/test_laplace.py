@@ -15,7 +15,7 @@ from pyro.infer import Predictive
 from torch import nn
 
 import pyrobnn
-from pyrobnn.infer.modes.laplace import TwoClassLogits, laplace, tune_prior_in_function_space
+from pyrobnn.infer.modes.laplace import TwoClassLogits, laplace, tune_prior_in_function_space, tune_prior_precisions
 from pyrobnn.utils.runtime import tensor_defaults
 from test_conjugate import NOISE, PRIOR, bayesian_linear_model, conjugate_problem
 
@@ -160,7 +160,7 @@ def test_last_layer_per_site_tuning_in_either_space_is_one_objective(n):
         J = torch.cat([fixed.map_net[:2](x), torch.ones(n, 1, dtype=torch.float64)], -1)
     start = torch.tensor([6.0, 1.0], dtype=torch.float64)
     in_functions = tune_prior_in_function_space(la, J, [6, 1], start, 40)
-    in_weights = tune_prior_in_function_space(la, None, [6, 1], start, 40)
+    in_weights = tune_prior_precisions(la, [6, 1], start, 40)
     torch.testing.assert_close(in_functions, in_weights, rtol=1e-7, atol=0)
     tuned = laplace(model, x, y, subset="last_layer", hessian="full", tune_steps=40, num_samples=4, map_estimate=dict(fixed.map_values))
     torch.testing.assert_close(tuned.prior_precision, in_weights, rtol=1e-7, atol=0)

@@ -59,7 +59,7 @@ from pyrobnn.utils.constraints import Budget, Either, OneOf
 from pyrobnn.utils.runtime import tensor_defaults
 from pyrobnn.utils.validation import as_tensor, check_finite, check_forward, check_positive_int, validate_training_data
 
-__all__ = ["LaplacePosterior", "laplace", "linearized_outputs", "parameter_jacobians", "FunctionSpaceLaplace", "function_space_posterior", "effective_noise_variance", "tune_prior_in_function_space", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]
+__all__ = ["LaplacePosterior", "laplace", "linearized_outputs", "parameter_jacobians", "FunctionSpaceLaplace", "function_space_posterior", "effective_noise_variance", "tune_prior_in_function_space", "tune_prior_precisions", "TwoClassLogits", "SUBSETS", "HESSIANS", "CURVATURE_BATCH"]
 
 SUBSETS = ("all", "last_layer")
 HESSIANS = ("full", "diag", "kron")
@@ -284,17 +284,18 @@ def function_space_posterior(la, J) -> FunctionSpaceLaplace:
     return FunctionSpaceLaplace(J, 1.0 / la.prior_precision_diag.detach().to(J), effective_noise_variance(la).to(J))
 
 
-def tune_prior_in_function_space(la, J, sizes, init, steps: int, lr: float = 0.1) -> torch.Tensor:
+def tune_prior_precisions(la, sizes, init, steps: int, lr: float = 0.1, J=None) -> torch.Tensor:
     r"""laplace-torch's ``optimize_prior_precision(method="marglik")`` for a full GGN under a
     Gaussian likelihood, one precision per block of ``sizes`` weights: the same objective
     (:math:`\log p(y \mid \hat w) - \tfrac12 [\log\det(\Sigma_0\Sigma^{-1}) + (\hat w - \mu_0)^\top
     \Sigma_0^{-1} (\hat w - \mu_0)]`) and the same optimizer (Adam over the log precisions,
-    ``steps`` steps at ``lr``), with the log determinant in function space
-    (:class:`FunctionSpaceLaplace`: an ``N x N`` Cholesky per step, not laplace-torch's ``P x P``).
-    ``J``: the training Jacobians ``(N, P)``, or ``None`` for the weight-space form of the same
-    determinant, :math:`\log\det(I_P + \Sigma_0^{1/2} H \Sigma_0^{1/2} / \sigma^2)` on ``la``'s
-    full GGN :math:`H` (``P x P``; for the last layer's sites at ``N >= P``, one precision per site,
-    which laplace-torch's own tuning offers only for all weights). Returns the precisions."""
+    ``steps`` steps at ``lr``), from ``init``. With ``J``, the training Jacobians ``(N, P)``, the
+    log determinant is taken in function space (:class:`FunctionSpaceLaplace`: an ``N x N``
+    Cholesky per step, not laplace-torch's ``P x P``); without, in weight space,
+    :math:`\log\det(I_P + \Sigma_0^{1/2} H \Sigma_0^{1/2} / \sigma^2)` on ``la``'s full GGN
+    :math:`H` (Sylvester's identity makes the two equal): for a last layer's sites at ``N >= P``,
+    one precision per site, which laplace-torch's own tuning offers only over all weights.
+    Returns the precisions."""
     noise = effective_noise_variance(la)
     delta = la.mean - la.prior_mean
     reference = J if J is not None else la.H
@@ -320,6 +321,13 @@ def tune_prior_in_function_space(la, J, sizes, init, steps: int, lr: float = 0.1
         loss.backward()
         optimizer.step()
     return log_precision.detach().exp()
+
+
+def tune_prior_in_function_space(la, J, sizes, init, steps: int, lr: float = 0.1) -> torch.Tensor:
+    """:func:`tune_prior_precisions` with the log determinant in function space, from the
+    training Jacobians ``J`` ``(N, P)``: the cheaper form while there are fewer training values
+    than weights."""
+    return tune_prior_precisions(la, sizes, init, steps, lr, J=J)
 
 
 class TwoClassLogits(torch.nn.Module):
@@ -440,12 +448,13 @@ def laplace(
     :param hessian: ``"full"``, ``"diag"`` or ``"kron"`` (KFAC) generalized Gauss-Newton.
     :param tune_prior: maximize the Laplace marginal likelihood over one prior precision per
         site, starting from the model's (laplace-torch's ``optimize_prior_precision``, or the
-        same objective in function space, :func:`tune_prior_in_function_space`); with
+        same objective in function or weight space, :func:`tune_prior_precisions`); with
         ``subset="last_layer"`` one for the layer where its sites' priors agree, else (a full
         GGN only) one per site; if false, the model's prior precisions are used as they are.
     :param tune_steps: Adam steps of that maximization (laplace-torch's ``n_steps``).
     :param prior_precision: the precisions to start from (or to use, without ``tune_prior``)
-        instead of the model's: one per covered site (one for ``subset="last_layer"``), e.g. a
+        instead of the model's: one per covered site (one for ``subset="last_layer"`` where its
+        sites' priors agree), e.g. a
         previous fit's ``prior_precision`` to warm-start a refit on more data.
     :param num_samples: draws from the Gaussian posterior kept in the result.
     :param map_estimate: the MAP, as a one-member :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior`
@@ -544,7 +553,7 @@ def laplace(
                 blocks = [sum(sizes)] if structure == "scalar" else sizes  # one precision for all, or one per site
                 la.prior_precision = handed(tune_prior_in_function_space(la, J, blocks, precisions, tune_steps))
             elif per_weight:  # the same, with the P x P determinant: one precision per site, which laplace-torch's tuning lacks
-                la.prior_precision = handed(tune_prior_in_function_space(la, None, sizes, precisions, tune_steps))
+                la.prior_precision = handed(tune_prior_precisions(la, sizes, precisions, tune_steps))
             else:
                 la.optimize_prior_precision(method="marglik", pred_type="glm", init_prior_prec=precisions.clone(), prior_structure=structure,
                                             n_steps=tune_steps)
