@@ -112,3 +112,17 @@ def test_guides_hold_at_most_two_tensors_per_weight_tensor():
         assert len(weight_sized) <= 2 * 6
         # per-unit and per-layer extras are small next to the weights
         assert 2 * n_weights >= n_guide - 1200, type(guide).__name__
+
+
+@pytest.mark.parametrize("scale", [0.1, "learned"])
+def test_the_likelihood_takes_the_networks_precision(scale):
+    """A likelihood built apart from a float64 network (its noise scale made in torch's default
+    float32, as nn.Linear's parameters are) is moved to float64 by the model, as model.double()
+    would move it: a fixed scale is a float64 buffer, a learned one a float64 point parameter."""
+    net = pyrobnn.MLP(2, 1, hidden=(4,)).double()
+    likelihood = pyrobnn.GaussianLikelihood(scale, init_scale=0.1)
+    model = pyrobnn.BayesianModel(net, likelihood)
+    assert model.likelihood is likelihood
+    noise = model.likelihood.scale()
+    assert noise.dtype == torch.float64 and abs(noise.item() - 0.1) < 1e-8  # float32's rounding of 0.1
+    assert all(p.dtype == torch.float64 for _, p in model.point_parameters())

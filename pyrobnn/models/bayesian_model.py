@@ -46,7 +46,9 @@ class BayesianModel(nn.Module):
 
     :param net: the network; it is used as is (not copied) and its random parameters keep
         their initial values, which guides read to initialize their means.
-    :param likelihood: a :class:`~pyrobnn.models.likelihoods.Likelihood`.
+    :param likelihood: a :class:`~pyrobnn.models.likelihoods.Likelihood`; its tensors (a fixed or
+        learned noise scale) are moved to the random parameters' dtype and device, as
+        ``model.to(...)`` would move them.
     :param prior: a :class:`~pyrobnn.models.priors.Prior` for every random parameter, or a dict
         from glob patterns over site names to priors (the first matching pattern wins).
         Default :class:`~pyrobnn.models.priors.NormalPrior` with scale 1.
@@ -92,6 +94,10 @@ class BayesianModel(nn.Module):
         self._prior_cache = {}
         self._finite = FiniteOnce()
         random_ids = {id(self.init_value(s)) for s in self.sites}
+        if self.sites:
+            # the likelihood's tensors (a fixed or learned noise scale) made apart from the network,
+            # in torch's defaults, move to the network's precision and device as one module's would
+            likelihood.to(device=self.device, dtype=self.dtype)
         self._point_params = [(n, p) for n, p in self.named_parameters() if id(p) not in random_ids]
 
     @staticmethod
