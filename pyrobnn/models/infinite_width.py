@@ -252,7 +252,8 @@ class InfiniteWidthMLP:
         from pyrobnn.models.bayesian_model import BayesianModel
 
         dtype = dtype or self.input_center.dtype
-        return BayesianModel(self.network(out_features, width).to(dtype), likelihood.to(dtype), prior=self.priors())
+        # BayesianModel moves the likelihood to the network's dtype and device
+        return BayesianModel(self.network(out_features, width).to(dtype), likelihood, prior=self.priors())
 
 
 def infinite_width_of(model) -> InfiniteWidthMLP:
