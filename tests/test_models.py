@@ -126,3 +126,15 @@ def test_the_likelihood_takes_the_networks_precision(scale):
     noise = model.likelihood.scale()
     assert noise.dtype == torch.float64 and abs(noise.item() - 0.1) < 1e-8  # float32's rounding of 0.1
     assert all(p.dtype == torch.float64 for _, p in model.point_parameters())
+
+
+@pytest.mark.parametrize("scale", [0.1, "learned"])
+def test_the_likelihood_goes_to_the_networks_device(scale):
+    """The device half of the same move, caught on a CPU-only machine: a network on the meta
+    device takes a likelihood made on the CPU there (on a GPU, a scale left on the CPU fails at
+    the first step)."""
+    net = pyrobnn.MLP(2, 1, hidden=(4,)).to("meta")
+    model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale))
+    assert model.device.type == "meta"
+    assert model.likelihood.scale().device.type == "meta"
+    assert all(p.device.type == "meta" for _, p in model.point_parameters())
