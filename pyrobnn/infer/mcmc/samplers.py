@@ -47,8 +47,16 @@ class FullBatchSampler(Sampler):
         return self.kernel, self.adaptation, FullBatch(path.target(problem.potential))
 
     def label(self, run: RunSettings) -> str:
-        """``"pyrobnn NUTS"``, ``"pyrobnn MCLMC (ensemble-initialized)"``."""
-        return f"pyrobnn {self.name}" + (" (ensemble-initialized)" if run.init is not None else "")
+        """How the chains started, when not in the box: ``"pyrobnn NUTS"``, ``"pyrobnn NUTS
+        (prior-initialized)"``, ``"pyrobnn MCLMC (ensemble-initialized)"`` (a deep ensemble's
+        members), ``"pyrobnn NUTS (from given starts)"`` (a sampler's last draws, positions)."""
+        if run.init is None:
+            return f"pyrobnn {self.name}"
+        if isinstance(run.init, str):
+            return f"pyrobnn {self.name} ({run.init}-initialized)"
+        if getattr(run.init, "family", None) == "ensemble":
+            return f"pyrobnn {self.name} (ensemble-initialized)"
+        return f"pyrobnn {self.name} (from given starts)"
 
     def before_processes(self, model, x, run: RunSettings) -> None:
         if run.backend in ("auto", "native") and native_kernels.unsupported_reason(model, x) is None:
@@ -108,7 +116,10 @@ def nuts(
         ``stats["path_reason"]`` say which ran and why. If ``torch.compile`` fails, the run falls
         back to eager code with a warning. The same call with the same seed gives the same draws.
     :param progress: show a progress bar (the phase, the mean step size and the deepest tree).
-    :param init: starting positions, one chain each: a
+    :param init: ``"prior"``: each of the ``num_chains`` chains starts at its own draw from the
+        prior (Pyro's ``init_to_sample``; :func:`~pyrobnn.infer.core.starts.prior_draws`, where
+        a network's weights start at their prior's scale instead of the box's). Or starting
+        positions, one chain each: a
         :class:`~pyrobnn.infer.modes.ensemble.EnsemblePosterior` (ensemble-initialized NUTS, Sommer
         et al. 2024), any other :class:`~pyrobnn.infer.results.posterior.Posterior` (its last draws) or
         unconstrained vectors ``(chains, dim)``;
@@ -201,7 +212,7 @@ def mclmc(
     :param seed: seeds the starting positions and every random number of the run.
     :param init_radius: chains start from uniform draws on ``[-init_radius, init_radius]`` in
         unconstrained space (unless ``init`` gives the starts).
-    :param init: starting positions, as in :func:`nuts`.
+    :param init: ``"prior"`` or starting positions, as in :func:`nuts`.
     :param backend: which code runs each step, by the rule of :func:`nuts` (``"auto"``,
         ``"native"``, ``"compile"``, ``"eager"``).
     :param progress: show a progress bar.
