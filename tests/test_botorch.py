@@ -354,14 +354,19 @@ def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data(
     assert got.weight_scales != infinite_width_of(default_model(D, 1)).weight_scales
 
 
-def test_mclmc_surrogates_network_is_its_calibrated_limits_whole_network():
-    """MCLMC's MethodSpec.bo_limit_network is on: its default network has the units its
+@pytest.mark.parametrize("method", ["nuts", "mclmc"])
+def test_a_samplers_surrogate_is_its_calibrated_limits_whole_network_started_at_prior_draws(method):
+    """The samplers' MethodSpec.bo_limit_network is on: the default network has the units its
     calibration chose and the fitted GP's constant mean as its output offset (the network whose
-    limit the calibration is), with the calibration's scales as its priors."""
+    limit the calibration is), with the calibration's scales as its priors; a cold fit's chains
+    start at draws from that prior, a warm refit's where the previous chains ended."""
     from pyrobnn.models.infinite_width import infinite_width_of
 
     X, Y = data()
-    s = fit_surrogate(X, Y, "mclmc", options=QUICK["mclmc"], num_samples=4)
+    s = fit_surrogate(X, Y, method, options=QUICK[method], num_samples=4)
+    name = {"nuts": "NUTS", "mclmc": "MCLMC"}[method]
+    assert s.result.method == f"pyrobnn {name} (prior-initialized)"
+    assert s.refit(X[:2], Y[:2]).result.method == f"pyrobnn {name} (from given starts)"
     calibration = s.fit_record.calibration
     expected, got = calibration.covar_module.network(), infinite_width_of(s.result.model)
     assert got.activation == expected.activation
