@@ -317,10 +317,10 @@ register(MethodSpec(
     rules=(samples_cover_thinning("mclmc"),),
     quick={"num_samples": 8, "num_warmup": 12, "num_chains": 2, "thinning": 2, "progress": False},
     bo_options=dict(num_samples=64, num_warmup=(1000, 200, 200), num_chains=4, thinning=5, init="prior"),
-    # as a surrogate, the calibrated limit's whole network (its units and mean): in regret ahead of
-    # the erf network without the mean on Branin, Ackley-10 and Levy-20, level on Hartmann-6; its
-    # held-out NLL at 20 points within 1.5x of the GP's on 3 of 8 problems, too wide on the bowls
-    # (docs/bayesopt.md)
+    # as a surrogate, the calibrated limit's whole network (its units and mean), chains from the
+    # prior's draws: held-out NLL at 20 points within 1.5x of the GP's on 6 of 8 problems (3 of 8
+    # from the box, too wide on the bowls) and Levy-20's regret +2.06 to +0.97 (docs/bayesopt.md,
+    # "Where the chains start")
     bo_limit_network=True,
     warm_start=CHAIN_WARM_START,
 ))
