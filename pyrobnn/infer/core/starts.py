@@ -63,16 +63,17 @@ def prior_draws(potential, num_chains: int, generator):
     model = potential.model
     device = model.device
     seed = int(torch.randint(0, 2**62, (), generator=generator, device=generator.device))
-    cuda = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []):
         torch.default_generator.manual_seed(seed)
-        for d in cuda:
-            with torch.cuda.device(d):
+        if cuda:
+            with torch.cuda.device(device):
                 torch.cuda.manual_seed(seed)
+        # the weight priors are built on the model's device and dtype; a latent's may not be
         values = {site.name: prior.sample((num_chains,)) for site, prior in zip(potential.sites, potential.priors)}
         for name, prior in potential.latents:
             values[name] = prior.sample((num_chains,)).to(device=device, dtype=model.dtype)
-    return potential.pack(values).to(device=device, dtype=model.dtype)
+    return potential.pack(values)
 
 
 def member_initializations(model, potential, num_members: int, seed: int = 0):
