@@ -332,6 +332,34 @@ def test_anchored_members_are_exact_posterior_draws_of_a_linear_model():
     assert float(map_members.samples["weight"].reshape(4, 3).std(0).max()) < 0.01 * float(sd.min())
 
 
+def test_anchored_members_start_at_their_anchors():
+    """Pearce et al.'s algorithm: member k starts at its own anchor a_k, a draw of the prior (not
+    at the network's initialization, a fraction of a fan-in prior's scale). With a learning rate of
+    1e-12 for one step each member is still where it started: its anchor, as anchored_draws gives
+    it under the seed, whose per-site spread is the prior's (fan-in: 2 / sqrt(fan-in))."""
+    from torch import nn
+
+    from pyrobnn.infer.modes.ensemble import anchored_draws
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(12, 3, generator=g, dtype=torch.float64)
+    y = x.sum(-1, keepdim=True)
+    net = nn.Sequential(nn.Linear(3, 40), nn.ReLU(), nn.Linear(40, 1)).double()
+    model = pyrobnn.BayesianModel(net, pyrobnn.GaussianLikelihood(scale=0.1), pyrobnn.NormalPrior(2.0, fan_in=True))
+    members = 64
+    ens = deep_ensemble(model, x, y, num_members=members, objective="anchored", lr=1e-12, max_epochs=1, batch_size=None,
+                        progress=False, seed=7)
+    potential = FlatPotential(model)
+    anchors, _ = anchored_draws(model, potential, y, members, 7)
+    started = potential.pack({k: v[:, -1] for k, v in ens.samples.items()})
+    assert float((started - anchors).abs().max()) < 1e-9
+    hidden = ens.samples["0.weight"].reshape(members, -1)  # 40 x 3 weights per member, prior sd 2 / sqrt(3)
+    sd, n = float(hidden.std()), hidden.numel()
+    assert abs(sd / (2 / math.sqrt(3)) - 1) < 5 / math.sqrt(2 * n)
+    # the network's own initialization (what a MAP member starts from) is a third of that scale
+    assert float(member_initializations(model, potential, members, 7)[:, :120].std()) < 0.5 * sd
+
+
 def test_anchored_objective_refuses_what_it_cannot_perturb():
     import pyro.distributions as dist
     from torch import nn

@@ -16,11 +16,16 @@ decay is then the only regularizer, as in the MILE protocol), or the **anchored*
 objective ``"anchored"``: member :math:`k` draws an anchor :math:`a_k \sim p(w)` from the
 Gaussian prior and perturbed targets :math:`\tilde y_k = y + \sigma \epsilon_k`,
 :math:`\epsilon_k \sim N(0, I)`, and minimizes :math:`-\log N(\tilde y_k; f(x, w), \sigma^2) -
-\log p(w - a_k)`. For a model linear in its weights each member is then an exact, independent
-draw of the posterior (perturb-and-MAP: Papandreou & Yuille 2010; randomized prior functions:
-Osband et al. 2018, NeurIPS; anchored ensembles: Pearce et al. 2020, AISTATS), so away from the
-data the members disagree as much as the prior does; a MAP ensemble's members agree there and are
-over-confident. All three are divided by the number of training points, so that learning rates
+\log p(w - a_k)`, starting from its anchor (Pearce et al.'s algorithm). For a model linear in
+its weights each member is then an exact, independent draw of the posterior (perturb-and-MAP:
+Papandreou & Yuille 2010; randomized prior functions: Osband et al. 2018, NeurIPS; anchored
+ensembles: Pearce et al. 2020, AISTATS), so away from the data the members disagree as much as
+the prior does; a MAP ensemble's members agree there and are over-confident. A network is not
+linear, and a member keeps much of where it started in the directions the data do not
+determine: started at the network's own initialization (PyTorch's, weights of standard deviation
+0.58/sqrt(fan-in), below a calibrated prior's), the members agreed more than their anchors and
+the ensemble was over-confident at 20 points (docs/bayesopt.md, "Anchored members start at their
+anchors"). All three objectives are divided by the number of training points, so that learning rates
 mean the same at any data size; minibatches scale the likelihood by :math:`N / B`.
 
 Ensemble-initialized sampling (Sommer et al. 2024, ICML, "Connecting the dots"; Sommer et al.
@@ -295,8 +300,9 @@ def deep_ensemble(
     :param progress: show a progress bar.
     :param weight_decay: AdamW's decoupled weight decay (MILE: ``1e-3`` with
         ``objective="likelihood"``).
-    :param seed: member ``k`` is initialized under the seed ``seed + k``; the data order
-        follows ``seed``.
+    :param seed: member ``k`` is initialized under the seed ``seed + k`` (with
+        ``objective="anchored"``: the anchors and perturbed targets are drawn under ``seed``,
+        :func:`anchored_draws`); the data order follows ``seed``.
     :param num_processes: train the members in this many groups, one process each
         (:mod:`pyrobnn.infer.core.processes`); every member follows the path it follows in one
         process (the same initialization and data order), up to floating-point rounding.
@@ -306,7 +312,8 @@ def deep_ensemble(
         file resumes from it and trains the members an uninterrupted run trains
         (:mod:`pyrobnn.infer.core.checkpoints`). With ``num_processes``, each process writes its own
         file, ``<checkpoint>.group<i>-of-<k>``.
-    :param init: where the members start instead of the network's own initialization: a
+    :param init: where the members start instead of their default (the network's own
+        initialization; with ``objective="anchored"``, each member's anchor): a
         :class:`~pyrobnn.infer.results.posterior.Posterior` with ``num_members`` chains (the last
         draw of each: a previous ensemble's members, a sampler's last draws), or a tensor of
         unconstrained positions ``(num_members, dim)``. A warm start, e.g. to refit after new data
@@ -337,8 +344,11 @@ def deep_ensemble(
         if x_val is not None:
             x_val, y_val = potential.check_data(x_val.to(device, dtype), y_val.to(device))
         y_checked = potential.y
+        anchors = targets = None
+        if objective == "anchored":
+            anchors, targets = anchored_draws(model, potential, y_checked, num_members, seed)
         if init is None:
-            z0 = member_initializations(model, potential, num_members, seed)
+            z0 = anchors.clone() if anchors is not None else member_initializations(model, potential, num_members, seed)
         else:
             z0 = initial_positions(potential, init, num_members, 0.0, None)
             if z0.shape[0] != num_members:
@@ -353,9 +363,6 @@ def deep_ensemble(
                 return None
             return RunCheckpoint.of_run(checkpointing.with_suffix(suffix), "deep ensemble", options, model, (x, y_checked, x_val, y_val), rows)
 
-        anchors = targets = None
-        if objective == "anchored":
-            anchors, targets = anchored_draws(model, potential, y_checked, num_members, seed)
         if num_processes == 1:
             z, stats, history = train_members(
                 potential, z0, x, y_checked, x_val, y_val, progress=progress, checkpoint=run_checkpoint(z0), anchors=anchors,
