@@ -24,9 +24,9 @@ the prior does; a MAP ensemble's members agree there and are over-confident. A n
 linear, and a member keeps much of where it started in the directions the data do not
 determine: started at the network's own initialization (PyTorch's, weights of standard deviation
 0.58/sqrt(fan-in), below a calibrated prior's), the members agreed more than their anchors and
-the ensemble was over-confident at 20 points (docs/bayesopt.md, "Anchored members start at their
-anchors"). All three objectives are divided by the number of training points, so that learning rates
-mean the same at any data size; minibatches scale the likelihood by :math:`N / B`.
+the ensemble was over-confident at 20 points (docs/bayesopt.md, "Anchored members start at
+their anchors"). All three objectives are divided by the number of training points, so that
+learning rates mean the same at any data size; minibatches scale the likelihood by :math:`N / B`.
 
 Ensemble-initialized sampling (Sommer et al. 2024, ICML, "Connecting the dots"; Sommer et al.
 2025, ICLR, MILE) then starts one sampling chain at each member: the chains begin in regions of
@@ -300,9 +300,9 @@ def deep_ensemble(
     :param progress: show a progress bar.
     :param weight_decay: AdamW's decoupled weight decay (MILE: ``1e-3`` with
         ``objective="likelihood"``).
-    :param seed: member ``k`` is initialized under the seed ``seed + k`` (with
-        ``objective="anchored"``: the anchors and perturbed targets are drawn under ``seed``,
-        :func:`anchored_draws`); the data order follows ``seed``.
+    :param seed: member ``k`` starts from the network's initialization under the seed
+        ``seed + k``, or with ``objective="anchored"`` at its anchor (the anchors and perturbed
+        targets drawn under ``seed``, :func:`anchored_draws`); the data order follows ``seed``.
     :param num_processes: train the members in this many groups, one process each
         (:mod:`pyrobnn.infer.core.processes`); every member follows the path it follows in one
         process (the same initialization and data order), up to floating-point rounding.
