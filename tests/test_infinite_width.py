@@ -223,6 +223,28 @@ def test_several_outcomes_fit_one_kernel_each_and_the_network_takes_their_geomet
         finite_model(botorch.models.SingleTaskGP(X, Y), width=8)
 
 
+def test_the_finite_network_with_an_offset_starts_where_it_would_without_one():
+    """The offset (the GP's constant mean) is the prior's mean of the function, not where a fit
+    starts: the network's last bias starts at minus it, so at its initialization the network with
+    an offset of 7 computes what the same initialization without the offset does with its last
+    bias at zero, within a few of the initialization's small outputs of the data's mean."""
+    X, Y = toy()
+    Y = (Y - Y.mean()) / Y.std()
+    gp = infinite_width_gp(X, Y, activation="erf", ard=False, outcome_transform=None)
+    with torch.no_grad():
+        gp.mean_module.constant.fill_(7.0)  # an offset far from the data, as an erf fit can leave one (Branin)
+    torch.manual_seed(0)
+    with_offset = finite_model(gp, width=50)
+    torch.manual_seed(0)
+    without = finite_model(gp, width=50, output_mean=False)
+    assert float(with_offset.net[-1].mean) == 7.0 and float(with_offset.net[-2].bias.detach()) == -7.0
+    with torch.no_grad():
+        started = with_offset.net(X)
+        expected = without.net(X) - without.net[-1].bias
+    torch.testing.assert_close(started, expected, rtol=0, atol=1e-12)
+    assert float(started.abs().max()) < 2.0  # PyTorch's initialization computes a small function, not the offset's 7
+
+
 @pytest.mark.slow  # two fits of unstandardized outcomes, 11-19 s: in .ci/run's -m slow
 def test_without_an_outcome_transform_the_fit_is_in_the_outcomes_own_units():
     """The objective is exactly equivariant under a shift of the outcomes (the constant mean moves

@@ -497,7 +497,15 @@ def finite_model(gp: SingleTaskGP, *, width: int = 50, output_mean: bool = True)
     as the network's :class:`~pyrobnn.models.infinite_width.OutputMean` (``output_mean=False``
     leaves it out), and its noise standard deviation as the Gaussian likelihood's fixed scale.
     With several outcomes, the scales are the geometric means of the per-outcome fits (the
-    network's hidden layers are shared) and the mean is per outcome."""
+    network's hidden layers are shared) and the mean is per outcome.
+
+    The offset is the prior's mean, not where a fit starts: the last layer's bias starts at minus
+    it, so that the network at its initialization computes PyTorch's small function about zero
+    (in standardized units the data's mean), as it would without the offset. Where the data leave
+    the GP's mean undetermined (an erf kernel with a large bias variance: on Branin at 22 points
+    -11.8 standardized units) a fit started at the offset had that far to go, and IVON's clipped
+    steps did not get there (docs/bayesopt.md); a method that starts from prior draws or anchors
+    (NUTS, MCLMC, the anchored ensemble) does not use this start."""
     if not (isinstance(width, int) and width >= 1):
         raise ValueError(f"width must be a positive integer, got {width!r}")
     kernel = getattr(gp, "covar_module", None)
@@ -523,7 +531,11 @@ def finite_model(gp: SingleTaskGP, *, width: int = 50, output_mean: bool = True)
     )
     noise = float(gp.likelihood.noise.detach().log().mean().exp().sqrt())
     likelihood = GaussianLikelihood(scale=noise)
-    return net.bayesian_model(likelihood, out_features=m, width=width, dtype=gp.train_inputs[0].dtype)
+    model = net.bayesian_model(likelihood, out_features=m, width=width, dtype=gp.train_inputs[0].dtype)
+    if output_mean:  # the network starts where a fit from its initialization starts: at the data's mean
+        with torch.no_grad():
+            model.net[-2].bias.copy_(-model.net[-1].mean.expand_as(model.net[-2].bias))
+    return model
 
 
 def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activation=ACTIVATIONS, ard=None, output_mean: bool = True):
