@@ -196,10 +196,9 @@ class MethodSpec:
     :ivar bo_limit_network: whether its default surrogate's network is the whole network of its
         calibrated infinite-width limit (the activation the fit chose and the GP's constant mean,
         :func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model`'s default) or, ``False``,
-        an erf network without the mean (better in regret for NUTS, MCLMC and the deep ensemble; not for
-        Laplace, whose one MAP did not reach the data from a mean 10 standard deviations off,
-        nor for IVON, which gained on Ackley-10 and Levy-20 and fell to random search's level on
-        Branin; docs/bayesopt.md).
+        an erf network without the mean (better in regret for NUTS, MCLMC, the deep ensemble, SWAG
+        and IVON; not for Laplace, whose linearized predictive at the MAP gained nothing from it
+        on Ackley-10 and Levy-20; docs/bayesopt.md).
     :ivar warm_start: how a refit starts from its previous result (:class:`WarmStart`;
         ``None``: a refit starts cold).
     """

@@ -375,6 +375,28 @@ def test_a_samplers_surrogate_is_its_calibrated_limits_whole_network_started_at_
     torch.testing.assert_close(got.input_scale, expected.input_scale, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("method", ["deep_ensemble", "swag", "laplace", "ivon"])
+def test_the_methods_with_bo_limit_network_fit_their_calibrated_limits_whole_network(method):
+    """The ensemble's, SWAG's and IVON's surrogates are the calibration's whole network (its
+    activation, the GP's constant mean as the output offset, its scales); Laplace's is erf without
+    the offset, with the erf calibration's scales."""
+    from pyrobnn import methods
+    from pyrobnn.models.infinite_width import infinite_width_of
+
+    X, Y = data()
+    s = fit_surrogate(X, Y, method, options=QUICK[method], num_samples=4)
+    calibration = s.fit_record.calibration
+    expected, got = calibration.covar_module.network(), infinite_width_of(s.result.model)
+    assert methods.spec(method).bo_limit_network == (method != "laplace")
+    if methods.spec(method).bo_limit_network:
+        assert got.activation == expected.activation
+        torch.testing.assert_close(got.output_mean, calibration.mean_module.constant.detach().reshape(1), rtol=1e-12, atol=0.0)
+    else:
+        assert got.activation == "erf" and got.output_mean is None
+    torch.testing.assert_close(torch.tensor(got.weight_scales), torch.tensor(expected.weight_scales), rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.input_scale, expected.input_scale, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("method", ["deep_ensemble", "laplace"])
 def test_an_unfitted_bnn_surrogate_reloads_a_fitted_ones_state(method):
     """Ax's cross-validation: a new BNNSurrogate on the same data takes a fitted one's state

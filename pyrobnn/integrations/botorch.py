@@ -5,7 +5,7 @@ with any registered method (:mod:`pyrobnn.methods`) and returns a BoTorch ``Mode
 model is given, its prior is chosen by the data at every fit: the scales and noise that maximize
 the marginal likelihood of the network's infinite-width limit
 (:func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model`), and for the methods whose
-``MethodSpec.bo_limit_network`` is set (NUTS, MCLMC, the deep ensemble) the limit's whole network: the
+``MethodSpec.bo_limit_network`` is set (NUTS, MCLMC, the deep ensemble, SWAG, IVON) the limit's whole network: the
 activation its fit chose (erf or ReLU) and its constant mean as an output offset. The surrogates:
 
 - :class:`PosteriorSurrogate` (every method): BoTorch's ``EnsembleModel`` over ``S`` weight
