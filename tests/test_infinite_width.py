@@ -226,8 +226,8 @@ def test_several_outcomes_fit_one_kernel_each_and_the_network_takes_their_geomet
 def test_the_finite_network_with_an_offset_starts_where_it_would_without_one():
     """The offset (the GP's constant mean) is the prior's mean of the function, not where a fit
     starts: the network's last bias starts at minus it, so at its initialization the network with
-    an offset of 7 computes what the same initialization without the offset does with its last
-    bias at zero, within a few of the initialization's small outputs of the data's mean."""
+    an offset of 7 computes what the same initialization without the offset computes with its
+    last bias at zero: a small function about the data's mean (0 here), not about 7."""
     X, Y = toy()
     Y = (Y - Y.mean()) / Y.std()
     gp = infinite_width_gp(X, Y, activation="erf", ard=False, outcome_transform=None)
