@@ -124,6 +124,7 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
     bounds = torch.stack([torch.zeros(d), torch.ones(d)]).to(torch.float64)
     best = [float(Y.max())]
     fit_s, acq_s, warm_s, cold_s = [], [], [], []
+    ard = []  # per step: whether the kernel (the infinite-width GP's, or the calibration a network's prior came from) had one input scale per feature
     surrogate = model = last_warm_data = None
     sobol = SobolEngine(d, scramble=True, seed=10_000 + seed)
     error = None
@@ -167,6 +168,8 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
             candidates, _ = optimize_acqf(acq, bounds=bounds, q=q, num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
             candidates = candidates.detach()
         t2 = time.perf_counter()
+        calibration = surrogate.fit_record.calibration if surrogate is not None else model
+        ard.append(getattr(getattr(calibration, "covar_module", None), "ard", None))
         fit_s.append(t1 - t0)
         acq_s.append(t2 - t1)
         X, Y = torch.cat([X, candidates]), torch.cat([Y, f(candidates)])
@@ -186,6 +189,7 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
         problem=name, method=method, seed=seed, cold_refits=cold_refits, log10_regret=[math.log10(r) for r in regret],
         evaluations=[settings["n_init"] + i * settings["q"] for i in range(len(best))], fit_seconds=fit_s, acq_seconds=acq_s,
         warm_fit_seconds=warm_s, cold_fit_seconds_same_data=cold_same_data, peak_memory_mb=peak_mb() - baseline, error=error,
+        ard=ard,
     )
 
 

@@ -57,3 +57,25 @@ def test_bo_calibration_benchmark_quick(tmp_path, run_command):
             assert math.isfinite(row["nll"]) and 0.0 <= row["coverage"] <= 1.0
             assert row["within_1.5x_gp"] == (row["nll"] - rows["gp"]["nll"] <= math.log(1.5))
     assert len(report["checks"]) == 2 * 4  # at n = 20: two problems, four surrogates beside the GP
+
+
+@pytest.mark.slow
+def test_bo_input_scales_benchmark_runs(run_command):
+    """benchmarks/bo_input_scales.py on Branin at 6, 10 and 20 points, one design: both shapes'
+    held-out NLL are real numbers, each criterion is judged only below the rule's 10 points per
+    feature (20 points in 2-D are ARD by rule), and there the prequential choice is the shape with
+    the higher score."""
+    stdout = run_command([sys.executable, os.path.join(ROOT, "benchmarks", "bo_input_scales.py"), "--problems", "branin",
+                          "--sizes", "6", "10", "20", "--seeds", "1"])
+    report = json.loads(stdout.strip().splitlines()[-1])
+    cases = report["cases"]
+    assert [(c["n"], c["below_rule"]) for c in cases] == [(6, True), (10, True), (20, False)]
+    for case in cases:
+        assert math.isfinite(case["nll_shared"]) and math.isfinite(case["nll_ard"])
+        assert ("prequential_ard" in case) == case["below_rule"]
+        if case["below_rule"]:
+            scores = case["prequential_scores"]
+            assert case["prequential_ard"] == (scores["ard"] > scores["shared"])
+    assert cases[0]["prequential_scores"] == {"shared": 0.0, "ard": 0.0}  # the first fit: no evidence yet
+    for criterion in ("schwarz_ard", "loo_ard_choice", "prequential_ard"):
+        assert report["summary"][criterion]["cases"] == 2

@@ -267,9 +267,11 @@ def test_condition_on_observations_refits_warm(surrogates, kind):
 
 def test_a_refit_whose_data_choose_the_other_activation_starts_cold():
     """The default surrogate's network is chosen again at every fit, its activation included
-    (ReLU for this 3-D function's first 20 and 24 Sobol points, erf at 28): a refit that keeps
-    ReLU continues from the previous members, one whose data choose erf starts from scratch (the
-    previous members are another network's); its network is then the erf limit's, mean included."""
+    (for this 3-D function of mostly its first input: ReLU at its first 20 Sobol points, a cold
+    calibration with one shared input scale; erf at 24 and 28, where one scale per feature
+    predicted the added points better): a refit whose data choose erf starts from scratch (the
+    previous members are another network's), its network then the erf limit's, mean included; the
+    next refit, which keeps erf, continues from the previous members."""
     from torch.quasirandom import SobolEngine
 
     from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
@@ -280,18 +282,19 @@ def test_a_refit_whose_data_choose_the_other_activation_starts_cold():
     s = fit_surrogate(X[:20], Y[:20], "deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4)
     t = s.condition_on_observations(X[20:24], Y[20:24])
     u = t.condition_on_observations(X[24:], Y[24:])
-    assert [infinite_width_of(v.result.model).activation for v in (s, t, u)] == ["relu", "relu", "erf"]
-    assert t.warm and not u.warm
-    assert t.result.settings["init"].startswith(type(s.result).__name__) and u.result.settings.get("init") is None
-    calibration = u.fit_record.calibration  # from t's: the refits' calibrations start from the previous one's
-    assert calibration.warm_started and t.fit_record.calibration.warm_started and not s.fit_record.calibration.warm_started
-    torch.testing.assert_close(infinite_width_of(u.result.model).output_mean, calibration.mean_module.constant.detach().reshape(1),
+    assert [infinite_width_of(v.result.model).activation for v in (s, t, u)] == ["relu", "erf", "erf"]
+    assert [v.fit_record.calibration.covar_module.ard for v in (s, t, u)] == [False, True, True]
+    assert u.warm and not t.warm
+    assert u.result.settings["init"].startswith(type(t.result).__name__) and t.result.settings.get("init") is None
+    calibration = t.fit_record.calibration  # from s's: the refits' calibrations start from the previous one's
+    assert calibration.warm_started and u.fit_record.calibration.warm_started and not s.fit_record.calibration.warm_started
+    torch.testing.assert_close(infinite_width_of(t.result.model).output_mean, calibration.mean_module.constant.detach().reshape(1),
                                rtol=1e-12, atol=0.0)
-    y = (Y - Y.mean()) / Y.std()
-    cold = infinite_width_gp(X, y, ard=False, outcome_transform=None)  # it reaches the cold fit's optimum
-    assert abs(calibration.infinite_width_fits["erf", False]["objective"] - cold.infinite_width_fits["erf", False]["objective"]) < 0.01
+    y = (Y[:24] - Y[:24].mean()) / Y[:24].std()
+    cold = infinite_width_gp(X[:24], y, ard=True, outcome_transform=None)  # it reaches the cold fit's optimum
+    assert abs(calibration.infinite_width_fits["erf", True]["objective"] - cold.infinite_width_fits["erf", True]["objective"]) < 0.01
     torch.testing.assert_close(calibration.mean_module.constant.detach(), cold.mean_module.constant.detach(), rtol=1e-3, atol=0.0)
-    assert not u.refit(warm=False).fit_record.calibration.warm_started  # a cold refit calibrates from scratch
+    assert not t.refit(warm=False).fit_record.calibration.warm_started  # a cold refit calibrates from scratch
 
 
 def test_input_transform_applies_as_in_botorch():
