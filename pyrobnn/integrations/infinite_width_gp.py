@@ -67,7 +67,7 @@ __all__ = ["InfiniteWidthKernel", "infinite_width_gp", "calibrated_model", "cali
 #: ensemble on the development problem Hartmann-6 (it chose ARD at 42 points in two of three Sobol
 #: designs, where the shared scale's held-out NLL was the lower: ``benchmarks/bo_input_scales.py``);
 #: the prequential score keeps every development problem's medians within their seeds' range and
-#: puts the ensemble, IVON and SWAG ahead of random search in 40-D (docs/bayesopt.md, "The finite
+#: puts the ensemble, IVON, SWAG and MCLMC ahead of random search in 40-D (docs/bayesopt.md, "The finite
 #: networks' input scales chosen by how each shape predicted the next points").
 ARD_POINTS_PER_FEATURE = 10
 
