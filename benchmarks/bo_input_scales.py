@@ -36,16 +36,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bo_calibration import N_TEST  # noqa: E402
+from bo_calibration import N_TEST, scores  # noqa: E402
 from bo_problems import DEVELOPMENT, HELD_OUT, REGIMES, problem  # noqa: E402
-
-
-def held_out_nll(gp, X, Y) -> float:
-    """The Gaussian NLL per point (noise included) of ``gp``'s predictive at ``(X, Y)``."""
-    with torch.no_grad():
-        posterior = gp.posterior(X, observation_noise=True)
-        mean, var = posterior.mean.reshape(-1), posterior.variance.reshape(-1)
-    return float((0.5 * torch.log(2 * math.pi * var) + 0.5 * (Y.reshape(-1) - mean) ** 2 / var).mean())
 
 
 def leave_one_out(gp) -> float:
@@ -95,7 +87,7 @@ def main(argv=None):
                 mu, sd = Y[:n].mean(0), Y[:n].std(0)
                 y = (Y[:n] - mu) / sd
                 fits = {ard: calibration_fit(X[:n], y, ard=ard) for ard in (False, True)}
-                nll = {ard: held_out_nll(gp, X_test, (Y_test - mu) / sd) for ard, gp in fits.items()}
+                nll = {ard: scores(gp, X_test, (Y_test - mu) / sd, 0.0, 1.0)[0] for ard, gp in fits.items()}  # the GP is in standardized units
                 loo = {ard: leave_one_out(gp) for ard, gp in fits.items()}
                 gain = objective(fits[True], True) - objective(fits[False], False)
                 penalty = (p.d - 1) / 2 * math.log(n)

@@ -484,6 +484,10 @@ def test_the_finite_networks_input_scales_are_the_shape_whose_previous_fits_pred
         assert fits[-1].covar_module.ard and fits[-1].covar_module.input_scale.shape[-1] == 4
     again = calibration_fit(X[:26].flip(0), Y[:26].flip(0), warm_start=fits[0])  # not an extension of fits[0]'s data
     assert again.shape_scores == {False: 0.0, True: 0.0} and not again.covar_module.ard
+    from botorch.models import SingleTaskGP
+
+    with pytest.raises(ValueError, match="warm_start must be a GP infinite_width_gp returned"):  # before any score is computed
+        calibration_fit(X[:26], Y[:26], warm_start=SingleTaskGP(X[:20], Y[:20]))
 
 
 @pytest.mark.parametrize("ard", ["yes", 2, 0.5, [True]])

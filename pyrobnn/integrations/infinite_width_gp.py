@@ -517,10 +517,10 @@ def calibration_fit(train_X, train_Y, *, depth: int = 2, activation=ACTIVATIONS,
     n, d = train_X.shape
     if d == 1 or n >= ARD_POINTS_PER_FEATURE * d:
         return infinite_width_gp(train_X, train_Y, ard=n >= ARD_POINTS_PER_FEATURE * d, outcome_transform=None, **shape)
+    fitted = {s: infinite_width_gp(train_X, train_Y, ard=s, outcome_transform=None, **shape) for s in (False, True)}  # checks warm_start
     step = _prequential_step(warm_start, train_X, train_Y) if warm_start is not None else None
     before = getattr(warm_start, "shape_scores", None)
     scores = {False: 0.0, True: 0.0} if step is None or before is None else {s: before[s] + step[s] for s in (False, True)}
-    fitted = {s: infinite_width_gp(train_X, train_Y, ard=s, outcome_transform=None, **shape) for s in (False, True)}
     gp = fitted[scores[True] > scores[False]]
     gp.infinite_width_fits = {**fitted[False].infinite_width_fits, **fitted[True].infinite_width_fits}
     gp.shape_scores = scores
