@@ -2,6 +2,7 @@
 torch.autograd, the NUTS transition and MCLMC step against the torch code on the same random
 numbers, the library cache refusing what it cannot trust, and the budget's choice of path."""
 
+import copy
 import json
 import os
 
@@ -16,6 +17,7 @@ from pyrobnn.infer.mcmc.samplers import nuts
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCState, MCLMCTuning, native_mclmc_step
 from pyrobnn.infer.mcmc.nuts_kernel import NUTS, NUTSSettings, NUTSState, native_nuts_step, nuts_step
 from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.models.infinite_width import Erf, InfiniteWidthMLP, InputScaling, OutputMean
 
 if native.build_info()["compiler"] is None:
     if os.environ.get("PYROBNN_REQUIRE_NATIVE") == "1":  # .ci/run sets it: CI must run these tests
@@ -48,7 +50,7 @@ def likelihoods(n):
     ]
 
 
-@pytest.mark.parametrize("activation", ["tanh", "relu", "gelu", "sigmoid"])
+@pytest.mark.parametrize("activation", ["tanh", "relu", "gelu", "sigmoid", Erf], ids=["tanh", "relu", "gelu", "sigmoid", "erf"])
 @pytest.mark.parametrize("case", range(10))
 def test_value_and_gradient_are_autograds(activation, case):
     n = 37
@@ -77,6 +79,74 @@ def test_constant_layers_and_a_bare_linear_layer():
         z = torch.randn(2, potential.dim, dtype=F64)
         for a, b in zip(native.NativeMLP(potential).value_and_grad(z), potential.value_and_grad(z)):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-10)
+
+
+def calibrated_stack(activation, outputs=1, mean=(0.7,)):
+    """A network of the Bayesian-optimization surrogates' shape (``InfiniteWidthMLP.network``):
+    a fixed input map first, the limit's priors, a constant output offset last."""
+    limit = InfiniteWidthMLP(activation=activation, weight_scales=(1.3, 0.9, 2.0), bias_scales=(0.1, 0.2, 0.05),
+                             input_center=t64([0.5, 0.4, 0.6]), input_scale=t64([2.0, 0.5, 3.0]), output_mean=t64(list(mean)))
+    return limit.bayesian_model(pyrobnn.GaussianLikelihood(scale=0.3), outputs, width=7).eval()
+
+
+@pytest.mark.parametrize("activation", ["erf", "relu"])
+@pytest.mark.parametrize("mean", [(0.7,), (0.7, -1.5)], ids=["one offset", "one per output"])
+def test_a_fixed_input_map_and_output_offset_are_the_networks(activation, mean):
+    """The input map and the offset are applied as the network applies them: value and gradient
+    equal autograd's, and an MCLMC step equals the torch one (offsets of ~6 sd, a map that moves
+    every input, so that leaving out either changes the potential by far more than the tolerance)."""
+    torch.manual_seed(5)
+    x = torch.rand(25, 3, dtype=F64)
+    y = torch.randn(25, 2, dtype=F64)
+    model = calibrated_stack(activation, outputs=2, mean=mean)
+    assert native.unsupported_reason(model, x) is None
+    potential = FlatPotential(model, x, y)
+    kernel = native.NativeMLP(potential)
+    z = torch.randn(3, potential.dim, dtype=F64) * 0.5
+    u_ref, g_ref = potential.value_and_grad(z)
+    u, g = kernel.value_and_grad(z)
+    torch.testing.assert_close(u, u_ref, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-9)
+    for module, buffer, value in ((0, "center", 0.0), (0, "scale", 1.0), (-1, "mean", 0.0)):  # each left out in turn
+        changed = copy.deepcopy(model)
+        getattr(changed.net[module], buffer).fill_(value)
+        assert (FlatPotential(changed, x, y).value_and_grad(z)[0] - u_ref).abs().min() > 1.0, buffer  # it matters to the check
+    state = MCLMCState(z, torch.nn.functional.normalize(torch.randn_like(z), dim=-1), u_ref, g_ref)
+    tuning = MCLMCTuning(torch.full((3,), 0.05, dtype=F64), torch.full((3,), 1.0, dtype=F64), torch.ones(3, potential.dim, dtype=F64))
+    noise = MCLMC().randoms(state, tuning, torch.Generator().manual_seed(1))
+    a, (da, _) = MCLMC().step(state, potential.value_and_grad, noise, tuning)
+    b, (db, _) = native_mclmc_step(kernel, state, noise, tuning)
+    for name in ("z", "u", "energy", "grad"):
+        torch.testing.assert_close(getattr(b, name), getattr(a, name), rtol=1e-9, atol=1e-10)
+
+
+def test_an_input_map_or_offset_elsewhere_keeps_the_torch_path():
+    x = torch.rand(10, 3, dtype=F64)
+    net = calibrated_stack("erf").net
+    scaling, first, act, mean = net[0], net[1], net[2], net[-1]
+    for layers in ([first, scaling, act, net[5]],  # the map not first
+                   [scaling, first, act, mean],  # the offset after an activation
+                   [scaling, first, act, net[3], mean, net[4], net[5]],  # the offset not last
+                   [scaling, first, act, net[3], net[4], net[5], OutputMean(t64([1.0, 2.0]))]):  # two offsets, one output
+        model = pyrobnn.BayesianModel(torch.nn.Sequential(*layers), pyrobnn.GaussianLikelihood(scale=0.3))
+        assert "an InputScaling first, an OutputMean last" in native.unsupported_reason(model, x)
+
+
+def test_the_surrogates_calibrated_network_takes_the_native_path():
+    """MCLMC and NUTS on the network calibrated_model gives the BO surrogates run natively."""
+    from pyrobnn.infer.mcmc.samplers import mclmc
+    from pyrobnn.integrations.infinite_width_gp import calibrated_model
+
+    torch.manual_seed(0)
+    x = torch.rand(12, 2, dtype=F64)
+    y = torch.sin(6 * x[:, :1]) + x[:, 1:]
+    model = calibrated_model(x, (y - y.mean()) / y.std())
+    assert isinstance(model.net[0], InputScaling) and isinstance(model.net[-1], OutputMean)
+    y = (y - y.mean()) / y.std()
+    result = mclmc(model, x, y, num_samples=4, num_warmup=(20, 10, 10), num_chains=2, thinning=1, progress=False)
+    assert result.stats["path"] == "native", result.stats["path_reason"]
+    result = nuts(model, x, y, num_samples=2, num_warmup=4, max_tree_depth=3, num_chains=2, progress=False)
+    assert result.stats["path"] == "native", result.stats["path_reason"]
 
 
 def test_float32_agrees_to_float32_rounding():

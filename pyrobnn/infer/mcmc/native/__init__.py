@@ -1,7 +1,9 @@
 r"""The samplers' leaf in native code, compiled once per machine.
 
-For the common Bayesian MLP (a stack of ``nn.Linear`` layers with tanh, ReLU, GELU or sigmoid
-activations, Normal priors on the random weights, and a likelihood that declares a native form,
+For the common Bayesian MLP (a stack of ``nn.Linear`` layers with tanh, ReLU, GELU, sigmoid or erf
+activations, optionally behind a fixed input map and ahead of a constant output offset, as the
+Bayesian-optimization surrogates' calibrated networks are; Normal priors on the random weights,
+and a likelihood that declares a native form,
 :meth:`~pyrobnn.models.likelihoods.Likelihood.native_form`: a Gaussian with a fixed or latent
 noise scale, heteroscedastic Gaussian, categorical or Bernoulli) the potential
 :math:`U(z) = -\log p(y \mid x, w) - \log p(w) - \log|J|` of
@@ -35,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import math
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -43,6 +46,7 @@ from torch.distributions.transforms import ExpTransform
 
 from pyrobnn.infer.mcmc.native.build import NativeUnavailable, build_info, is_cached, library, library_folder
 from pyrobnn.infer.mcmc.native.constants import ACTIVATIONS, LIKELIHOODS, NOISE_PRIORS
+from pyrobnn.models.infinite_width import InputScaling, OutputMean
 from pyrobnn.models.likelihoods import Likelihood
 from pyrobnn.models.priors import NormalPrior
 
@@ -57,24 +61,38 @@ class _Model(ctypes.Structure):
         ("target_dim", ctypes.c_int64), ("lik_a", ctypes.c_double), ("lik_b", ctypes.c_double),
         ("noise_off", ctypes.c_int64), ("noise_prior", ctypes.c_int64), ("noise_a", ctypes.c_double),
         ("noise_b", ctypes.c_double), ("constant", ctypes.c_double), ("dim", ctypes.c_int64),
-        ("max_width", ctypes.c_int64),
+        ("max_width", ctypes.c_int64), ("out_offset", ctypes.c_void_p),
     ]
 
 
 
 # ----------------------------------------------------------------------------- the model
-def _layers(net):
-    """``[(linear, activation module or None)]`` for a stack of Linear layers each followed by
-    at most one supported activation (dropout modules anywhere, the identity in eval mode);
-    ``None`` for any other network."""
+class _Stack(NamedTuple):
+    """A network the kernels take: an optional fixed input map first (``scaling``, an
+    :class:`~pyrobnn.models.infinite_width.InputScaling`), the ``[linear, activation or None]``
+    layers, and an optional fixed output offset last (``mean``, an
+    :class:`~pyrobnn.models.infinite_width.OutputMean`)."""
+
+    scaling: Optional[InputScaling]
+    layers: list
+    mean: Optional[OutputMean]
+
+
+def _stack(net):
+    """``net`` as a :class:`_Stack`: Linear layers each followed by at most one supported
+    activation (dropout modules anywhere, the identity in eval mode), an ``InputScaling`` only
+    first and an ``OutputMean`` only last, straight after a Linear layer; ``None`` for any other
+    network."""
     if type(net) is nn.Linear:
-        return [[net, None]]
+        return _Stack(None, [[net, None]], None)
     if not isinstance(net, nn.Sequential):
         return None
+    modules = [module for module in net if not isinstance(module, nn.modules.dropout._DropoutNd)]
+    # the samplers evaluate the network in eval mode, where dropout is the identity
+    scaling = modules.pop(0) if modules and type(modules[0]) is InputScaling else None
+    mean = modules.pop() if modules and type(modules[-1]) is OutputMean else None
     out = []
-    for module in net:
-        if isinstance(module, nn.modules.dropout._DropoutNd):
-            continue  # the samplers evaluate the network in eval mode, where dropout is the identity
+    for module in modules:
         if type(module) is nn.Linear:
             out.append([module, None])
         elif type(module) in ACTIVATIONS and out and out[-1][1] is None:
@@ -83,7 +101,11 @@ def _layers(net):
             out[-1][1] = module
         else:
             return None
-    return out or None
+    if not out:
+        return None
+    if mean is not None and (out[-1][1] is not None or mean.mean.numel() not in (1, out[-1][0].out_features)):
+        return None
+    return _Stack(scaling, out, mean)
 
 
 def _is_exp(transform) -> bool:
@@ -126,15 +148,17 @@ def native_form(likelihood):
 def multiply_adds(model, x) -> int:
     """Multiply-adds of one forward pass of a supported network on ``x``: points times the sum
     of in x out over the linear layers."""
-    return int(x.shape[0]) * sum(linear.in_features * linear.out_features for linear, _ in _layers(model.net))
+    return int(x.shape[0]) * sum(linear.in_features * linear.out_features for linear, _ in _stack(model.net).layers)
 
 
 def unsupported_reason(model, x=None):
     """Why the native path does not apply to ``model`` (on inputs ``x``), or ``None`` if it
     does."""
-    layers = _layers(model.net)
-    if layers is None:
-        return "the network is not an nn.Linear or an nn.Sequential of nn.Linear layers with tanh, ReLU, GELU or sigmoid activations (and dropout)"
+    stack = _stack(model.net)
+    if stack is None:
+        return ("the network is not an nn.Linear or an nn.Sequential of nn.Linear layers with tanh, ReLU, GELU, sigmoid or erf "
+                "activations (and dropout; an InputScaling first, an OutputMean last)")
+    layers = stack.layers
     if model.dtype not in (torch.float32, torch.float64):
         return f"dtype {model.dtype} (the native kernels are float32 and float64)"
     if model.device.type != "cpu":
@@ -175,7 +199,8 @@ class NativeMLP:
         sites = {(id(s.module), s.param_name): s for s in model.sites}
         rows, prec, constants, constant = [], [], [], 0.0
         offset = 0
-        for linear, act in _layers(model.net):
+        stack = _stack(model.net)
+        for linear, act in stack.layers:
             row = [linear.in_features, linear.out_features, ACTIVATIONS[type(act)][0] if act is not None else 0, -1, -2, 0, 0]
             row_prec = [0.0, 0.0]
             for k, name in ((0, "weight"), (1, "bias")):
@@ -198,7 +223,11 @@ class NativeMLP:
         self._layers = torch.tensor(rows, dtype=torch.int64, device="cpu")
         self._prec = torch.tensor(prec, dtype=self.dtype, device="cpu")
         self._constants = (torch.cat(constants) if constants else torch.zeros(1, device="cpu")).to(self.dtype).contiguous()
-        self._x_t = x.detach().to(self.dtype).T.contiguous()
+        with torch.no_grad():  # the fixed input map applied once: the data do not change during a run
+            x_in = x.detach() if stack.scaling is None else stack.scaling(x.detach())
+        self._x_t = x_in.to(self.dtype).T.contiguous()
+        out_last = rows[-1][1]
+        self._offset = None if stack.mean is None else stack.mean.mean.detach().to(device="cpu", dtype=self.dtype).expand(out_last).contiguous()
         spec = _Model()
         spec.num_layers = len(rows)
         spec.num_points = x.shape[0]
@@ -231,6 +260,7 @@ class NativeMLP:
         spec.x_t = self._x_t.data_ptr()
         spec.y_t = self._y_t.data_ptr()
         spec.labels = self._labels.data_ptr()
+        spec.out_offset = None if self._offset is None else self._offset.data_ptr()
         self._spec = spec
         self._work = multiply_adds(model, x)  # per chain and evaluation: decides the threading
 

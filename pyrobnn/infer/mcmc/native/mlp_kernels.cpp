@@ -7,7 +7,8 @@
 //
 // The potential is U(z) = -log p(y | x, w) - log p(w) - log|J| of pyrobnn.infer.core.potential.
 // FlatPotential for a BayesianModel whose network is a stack of nn.Linear layers with
-// element-wise activations, Normal priors and a Gaussian (fixed or latent noise scale),
+// element-wise activations (a fixed input map is applied to x_t by the caller; a constant output
+// offset, out_offset, is added here), Normal priors and a Gaussian (fixed or latent noise scale),
 // heteroscedastic Gaussian, categorical or Bernoulli likelihood. The gradient is derived by hand
 // (backpropagation written out), and tests/test_native.py checks value and gradient against
 // torch.autograd on random models.
@@ -49,6 +50,7 @@ struct Model {
     double constant;  // the potential's constant terms (prior normalizers)
     int64_t dim;
     int64_t max_width;
+    const void* out_offset;  // (T) a constant added to each output of the last layer (an OutputMean), or null
 };
 
 constexpr double HALF_LOG_2PI = 0.91893853320467274178;
@@ -103,6 +105,9 @@ void activate(int64_t act, const T* a, T* h, int64_t n) {
         case ACT_SIGMOID:
             for (int64_t i = 0; i < n; ++i) h[i] = T(1) / (T(1) + std::exp(-a[i]));
             break;
+        case ACT_ERF:
+            for (int64_t i = 0; i < n; ++i) h[i] = std::erf(a[i]);
+            break;
         default:
             std::memcpy(h, a, sizeof(T) * n);
     }
@@ -130,6 +135,9 @@ void times_derivative(int64_t act, const T* a, const T* h, T* delta, int64_t n) 
         case ACT_SIGMOID:
 #pragma omp simd
             for (int64_t i = 0; i < n; ++i) delta[i] *= h[i] * (T(1) - h[i]);
+            break;
+        case ACT_ERF:  // erf'(a) = 2 / sqrt(pi) exp(-a^2)
+            for (int64_t i = 0; i < n; ++i) delta[i] *= T(1.12837916709551257390) * std::exp(-a[i] * a[i]);
             break;
         default:
             break;
@@ -196,6 +204,7 @@ T value_and_grad(const Model& m, const T* z, T* g, Work<T>& w) {
     const int64_t N = m.num_points;
     const T* prec = static_cast<const T*>(m.layer_prec);
     const T* cw = static_cast<const T*>(m.constants);
+    const T* offset = static_cast<const T*>(m.out_offset);
     std::memset(g, 0, sizeof(T) * m.dim);
     T U = T(m.constant);
     // ---- forward
@@ -205,10 +214,11 @@ T value_and_grad(const Model& m, const T* z, T* g, Work<T>& w) {
         const T* W = L[3] >= 0 ? z + L[3] : cw + L[5];
         const T* b = L[4] >= 0 ? z + L[4] : (L[4] == -1 ? cw + L[6] : nullptr);
         const T* hin = l == 0 ? static_cast<const T*>(m.x_t) : w.h.data() + w.row[l - 1] * N;
+        const T* shift = l == m.num_layers - 1 ? offset : nullptr;  // constant, so the gradient is unchanged
         T* A = w.a.data() + w.row[l] * N;
         for (int64_t o = 0; o < out; ++o) {
             T* ao = A + o * N;
-            const T bo = b ? b[o] : T(0);
+            const T bo = (b ? b[o] : T(0)) + (shift ? shift[o] : T(0));
 #pragma omp simd
             for (int64_t n = 0; n < N; ++n) ao[n] = bo;
             for (int64_t i = 0; i < in; ++i) {
