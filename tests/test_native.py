@@ -93,8 +93,9 @@ def calibrated_stack(activation, outputs=1, mean=(0.7,)):
 @pytest.mark.parametrize("mean", [(0.7,), (0.7, -1.5)], ids=["one offset", "one per output"])
 def test_a_fixed_input_map_and_output_offset_are_the_networks(activation, mean):
     """The input map and the offset are applied as the network applies them: value and gradient
-    equal autograd's, and an MCLMC step equals the torch one (offsets of ~6 sd, a map that moves
-    every input, so that leaving out either changes the potential by far more than the tolerance)."""
+    equal autograd's, and an MCLMC step equals the torch one (offsets of several noise scales, a
+    map that moves every input: leaving out either changes the potential by far more than the
+    tolerance, as checked)."""
     torch.manual_seed(5)
     x = torch.rand(25, 3, dtype=F64)
     y = torch.randn(25, 2, dtype=F64)
@@ -127,7 +128,7 @@ def test_an_input_map_or_offset_elsewhere_keeps_the_torch_path():
     for layers in ([first, scaling, act, net[5]],  # the map not first
                    [scaling, first, act, mean],  # the offset after an activation
                    [scaling, first, act, net[3], mean, net[4], net[5]],  # the offset not last
-                   [scaling, first, act, net[3], net[4], net[5], OutputMean(t64([1.0, 2.0]))]):  # two offsets, one output
+                   [scaling, first, act, net[3], net[4], net[5], OutputMean(t64([1.0, 2.0]))]):  # two offset values, one output
         model = pyrobnn.BayesianModel(torch.nn.Sequential(*layers), pyrobnn.GaussianLikelihood(scale=0.3))
         assert "an InputScaling first, an OutputMean last" in native.unsupported_reason(model, x)
 
@@ -140,9 +141,9 @@ def test_the_surrogates_calibrated_network_takes_the_native_path():
     torch.manual_seed(0)
     x = torch.rand(12, 2, dtype=F64)
     y = torch.sin(6 * x[:, :1]) + x[:, 1:]
-    model = calibrated_model(x, (y - y.mean()) / y.std())
-    assert isinstance(model.net[0], InputScaling) and isinstance(model.net[-1], OutputMean)
     y = (y - y.mean()) / y.std()
+    model = calibrated_model(x, y)
+    assert isinstance(model.net[0], InputScaling) and isinstance(model.net[-1], OutputMean)
     result = mclmc(model, x, y, num_samples=4, num_warmup=(20, 10, 10), num_chains=2, thinning=1, progress=False)
     assert result.stats["path"] == "native", result.stats["path_reason"]
     result = nuts(model, x, y, num_samples=2, num_warmup=4, max_tree_depth=3, num_chains=2, progress=False)
