@@ -60,12 +60,16 @@ def test_value_and_gradient_are_autograds(activation, case):
     model = pyrobnn.BayesianModel(pyrobnn.MLP(3, outputs, hidden=(5, 4), activation=activation).double(), likelihood,
                                   {"0.*": pyrobnn.NormalPrior(0.8, fan_in=True), "*": pyrobnn.NormalPrior(1.3)}).eval()
     potential = FlatPotential(model, x, y)
-    kernel = native.NativeMLP(potential)
-    z = torch.randn(3, potential.dim, dtype=F64) * 0.7
+    assert_native_is_autograd(potential, native.NativeMLP(potential), torch.randn(3, potential.dim, dtype=F64) * 0.7)
+
+
+def assert_native_is_autograd(potential, kernel, z):
+    """The kernel's value and gradient at ``z`` equal the torch potential's; returns those."""
     u_ref, g_ref = potential.value_and_grad(z)
     u, g = kernel.value_and_grad(z)
     torch.testing.assert_close(u, u_ref, rtol=1e-12, atol=1e-9)
     torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-9)
+    return u_ref, g_ref
 
 
 def test_constant_layers_and_a_bare_linear_layer():
@@ -104,10 +108,7 @@ def test_a_fixed_input_map_and_output_offset_are_the_networks(activation, mean):
     potential = FlatPotential(model, x, y)
     kernel = native.NativeMLP(potential)
     z = torch.randn(3, potential.dim, dtype=F64) * 0.5
-    u_ref, g_ref = potential.value_and_grad(z)
-    u, g = kernel.value_and_grad(z)
-    torch.testing.assert_close(u, u_ref, rtol=1e-12, atol=1e-9)
-    torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-9)
+    u_ref, g_ref = assert_native_is_autograd(potential, kernel, z)
     for module, buffer, value in ((0, "center", 0.0), (0, "scale", 1.0), (-1, "mean", 0.0)):  # each left out in turn
         changed = copy.deepcopy(model)
         getattr(changed.net[module], buffer).fill_(value)
