@@ -19,6 +19,8 @@ curves to ``--out`` (a JSON file and one PNG per problem) and prints one JSON ob
     python benchmarks/bayesopt.py --quick          # CI: Branin and Hartmann-6, small budgets
     python benchmarks/bayesopt.py --seeds 5 --out docs/img/bayesopt_calibrated --results docs/results.json   # docs/bayesopt.md
     python benchmarks/bayesopt.py --regimes        # Branin in 40-D and Gramacy & Lee's function, 100 evaluations
+    python benchmarks/bayesopt.py --regimes --seeds 10 --first-seed 5 --out runs/more   # seeds 5-14 beside a saved run,
+    python benchmarks/bayesopt.py --from-runs <saved>/bayesopt_runs.json runs/more/bayesopt_runs.json   # summarized as one
 
 The problems are :mod:`bo_problems`' (shared with ``bo_calibration.py``).
 """
@@ -53,6 +55,8 @@ REGIME = dict(problems=["branin_embed40", "gramacylee2"], seeds=5, n_init=20, q=
 #: the network's prior, pyrobnn.integrations.infinite_width_gp; refitted from the previous step's
 #: fit, its warm_start, unless --cold-refits)
 BASELINES = ("random", "gp", "laplace_bayesopt")
+#: the settings that say which seeds ran, not how: files that differ only in them merge
+SEED_SETTINGS = ("problems", "seeds", "first_seed")
 GP_FITTED = ("gp", "infinite_width")
 METHODS = ["random", "gp", "infinite_width", "laplace_bayesopt", "nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"]
 
@@ -237,6 +241,9 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--problems", nargs="+", default=None)
     parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the first seed: seeds first-seed .. first-seed + seeds - 1, to add seeds to saved runs (merge them "
+                             "with --from-runs)")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--cold-arm", action="store_true", help="also run pyrobnn's surrogates with cold refits on the first problem")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one process each")
@@ -263,6 +270,8 @@ def main(argv=None):
         return finish(*merged_runs(args.from_runs), args=args)
     if args.quick and args.regimes:
         parser.error("--quick and --regimes are two budgets: give one")
+    if args.first_seed < 0:
+        parser.error(f"--first-seed must be at least 0, got {args.first_seed}")
     budget = "quick" if args.quick else "full"
     settings = dict(QUICK if args.quick else REGIME if args.regimes else FULL)
     for key in ("problems", "seeds", "steps"):
@@ -270,10 +279,12 @@ def main(argv=None):
             settings[key] = getattr(args, key)
     if args.raw_samples is not None:
         settings["raw_samples"] = args.raw_samples
+    settings["first_seed"] = args.first_seed
+    seeds = range(args.first_seed, args.first_seed + settings["seeds"])
     pyrobnn_methods = [m for m in args.methods if m not in BASELINES]  # those with a warm refit
-    jobs = [(p, m, s, False) for p in settings["problems"] for m in args.methods for s in range(settings["seeds"])]
+    jobs = [(p, m, s, False) for p in settings["problems"] for m in args.methods for s in seeds]
     if args.cold_arm:
-        jobs += [(settings["problems"][0], m, s, True) for m in pyrobnn_methods for s in range(settings["seeds"])]
+        jobs += [(settings["problems"][0], m, s, True) for m in pyrobnn_methods for s in seeds]
     command = ("python benchmarks/bayesopt.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     print(f"Bayesian optimization: {len(jobs)} runs ({budget}: {json.dumps(settings)}), {args.jobs} at once", flush=True)
     started = time.perf_counter()
@@ -312,23 +323,29 @@ def main(argv=None):
 def merged_runs(paths):
     """The records of several saved runs (``bayesopt_runs.json`` files) as one: later files
     replace an earlier file's run of the same problem, method, seed and arm; the settings must
-    agree (the number of seeds aside). Returns ``(records, settings, methods, command, budget)``."""
+    agree (the problems and seeds aside: files of other seeds add theirs). The merged settings'
+    ``seeds`` is the largest number of seeds any (problem, method) ran.
+    Returns ``(records, settings, methods, command, budget)``."""
     runs, settings, methods, commands, budget = {}, None, [], [], None
     for path in paths:
         with open(path) as fh:
             saved = json.load(fh)
-        these = {k: v for k, v in saved["settings"].items() if k not in ("problems", "seeds")}
-        if settings is not None and these != {k: v for k, v in settings.items() if k not in ("problems", "seeds")}:
+        these = {k: v for k, v in saved["settings"].items() if k not in SEED_SETTINGS}
+        if settings is not None and these != {k: v for k, v in settings.items() if k not in SEED_SETTINGS}:
             raise ValueError(f"{path} was run with other settings ({these}) than the files before it ({settings})")
         if settings is None:
             settings, budget = dict(saved["settings"]), saved["budget"]
         settings["problems"] = list(dict.fromkeys(settings["problems"] + saved["settings"]["problems"]))
-        settings["seeds"] = max(settings["seeds"], saved["settings"]["seeds"])
         methods += [m for m in saved.get("methods", METHODS) if m not in methods]
         commands.append(saved.get("command", "python benchmarks/bayesopt.py"))
         for record in saved["records"]:
             runs[(record["problem"], record["method"], record["seed"], bool(record.get("cold_refits")))] = record
     methods = [m for m in METHODS if m in methods]
+    seeds = {}
+    for problem, method, seed, cold in runs:
+        seeds.setdefault((problem, method, cold), set()).add(seed)
+    settings["seeds"] = max((len(s) for s in seeds.values()), default=0)
+    settings["first_seed"] = min((seed for _, _, seed, _ in runs), default=0)
     return list(runs.values()), settings, methods, "; ".join(dict.fromkeys(commands)), budget
 
 

@@ -5,6 +5,7 @@ can give them a worker apart from the other benchmarks' smoke runs (tests/test_c
 import json
 import math
 import os
+import subprocess
 import sys
 
 import pytest
@@ -79,3 +80,27 @@ def test_bo_input_scales_benchmark_runs(run_command):
     assert cases[0]["prequential_scores"] == {"shared": 0.0, "ard": 0.0}  # the first fit: no evidence yet
     for criterion in ("schwarz_ard", "loo_ard_choice", "prequential_ard"):
         assert report["summary"][criterion]["cases"] == 2
+
+
+def test_bayesopt_seeds_added_to_saved_runs_merge(tmp_path, run_command):
+    """``--first-seed`` runs later seeds of the same settings, and ``--from-runs`` merges them with
+    a saved run as one set of seeds: random search on Branin (the quick budget), seeds 0-1 then
+    2-3, gives the same regret per seed as one run of seeds 0-3, and the merged summary counts
+    four seeds. A negative first seed is refused, naming the option."""
+    script = os.path.join(ROOT, "benchmarks", "bayesopt.py")
+    quick = [sys.executable, script, "--quick", "--methods", "random", "--problems", "branin", "--jobs", "1"]
+    run_command(quick + ["--seeds", "2", "--out", "first"])
+    run_command(quick + ["--seeds", "2", "--first-seed", "2", "--out", "later"])
+    run_command(quick + ["--seeds", "4", "--out", "whole"])
+    stdout = run_command([sys.executable, script, "--from-runs", "first/bayesopt_runs.json", "later/bayesopt_runs.json",
+                          "--out", "merged"])
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["seeds_run"]["branin"]["random"] == 4
+    merged = json.load(open(tmp_path / "merged" / "bayesopt_runs.json"))
+    whole = json.load(open(tmp_path / "whole" / "bayesopt_runs.json"))
+    assert merged["settings"]["seeds"] == 4 and merged["settings"]["first_seed"] == 0
+    by_seed = {r["seed"]: r["log10_regret"] for r in merged["records"]}
+    assert by_seed == {r["seed"]: r["log10_regret"] for r in whole["records"]}
+    assert len({tuple(v) for v in by_seed.values()}) == 4  # the seeds are four different runs
+    refused = subprocess.run(quick + ["--first-seed", "-1"], cwd=tmp_path, capture_output=True, text=True)
+    assert refused.returncode != 0 and "--first-seed must be at least 0" in refused.stderr
