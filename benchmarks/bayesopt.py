@@ -472,6 +472,13 @@ def summarize(records, settings, methods):
         for p, rows in cold_arm.items():
             for m, row in rows.items():
                 print(f"  {p} {m:17s} warm {row['warm']:+.2f}  cold {row['cold']:+.2f} [{row['cold_spread'][0]:+.2f}, {row['cold_spread'][1]:+.2f}]")
+    paired = against_random_by_seed(ok, settings, methods)
+    if paired:
+        print("\nagainst random search seed by seed (each seed's runs start from the same design): runs ending below / above "
+              "random search's regret, ties, two-sided sign test")
+        for p, rows in paired.items():
+            for m, row in rows.items():
+                print(f"  {p:15s} {m:17s} {row['better']:3d} / {row['worse']:<3d} ties {row['ties']}   p = {row['sign_test_p']:.3f}")
     lb = [r for r in records if r["method"] == "laplace_bayesopt"]
     lb_errors = sorted({r["error"] for r in lb if r.get("error")})
     checks = acceptance(regret, spread, warm_refit_speedup, seconds, memory, methods)
@@ -480,7 +487,37 @@ def summarize(records, settings, methods):
         print(f"  [{'yes' if ok else ' no'}] {line}")
     return dict(regret=regret, regret_spread=spread, seeds_run=seeds_run, warm_refit_speedup=warm_refit_speedup, seconds_per_step=seconds,
                 peak_memory_mb=memory, cold_arm=cold_arm, laplace_bayesopt=lb_errors[0] if lb_errors else ("ran" if lb else "not run"),
-                checks={line: ok for line, ok in checks}, settings=settings)
+                against_random_by_seed=paired, checks={line: ok for line, ok in checks}, settings=settings)
+
+
+def sign_test_p(better: int, worse: int) -> float:
+    """The two-sided sign test's p-value for ``better`` of ``better + worse`` paired comparisons
+    (ties left out): twice the binomial(n, 1/2) tail at the rarer count, at most 1."""
+    n = better + worse
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(better, worse) + 1)) / 2**n
+    return min(1.0, 2.0 * tail)
+
+
+def against_random_by_seed(runs, settings, methods) -> dict:
+    """Each method's final regret against random search's in the same seed, where both ran (the
+    seed fixes the initial Sobol design every method starts from): ``{problem: {method: {better,
+    worse, ties, sign_test_p}}}``. Medians of two wide distributions can order them one way while
+    the paired runs order them the other (docs/bayesopt.md, the regimes over 15 seeds)."""
+    final = {(r["problem"], r["method"], r["seed"]): r["log10_regret"][-1] for r in runs if not r["cold_refits"]}
+    out = {}
+    for p in settings["problems"]:
+        for m in methods:
+            if m == "random":
+                continue
+            pairs = [(v, final[(p, "random", s)]) for (pp, mm, s), v in final.items() if pp == p and mm == m and (p, "random", s) in final]
+            if not pairs:
+                continue
+            better, worse = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
+            out.setdefault(p, {})[m] = dict(better=better, worse=worse, ties=len(pairs) - better - worse,
+                                            sign_test_p=round(sign_test_p(better, worse), 4))
+    return out
 
 
 def acceptance(regret, spread, speedup, seconds, memory, methods):

@@ -104,3 +104,26 @@ def test_bayesopt_seeds_added_to_saved_runs_merge(tmp_path, run_command):
     assert len({tuple(v) for v in by_seed.values()}) == 4  # the seeds are four different runs
     refused = subprocess.run(quick + ["--first-seed", "-1"], cwd=tmp_path, capture_output=True, text=True)
     assert refused.returncode != 0 and "--first-seed must be at least 0" in refused.stderr
+
+
+def test_bayesopt_pairs_each_run_with_random_search_in_its_seed():
+    """The benchmark's seed-by-seed comparison: a method's run counts as better (worse) where its
+    final regret is below (above) random search's in the same seed, a seed random search did not
+    run is left out, and the two-sided sign test's p-value is the binomial tail: 10 of 10 gives
+    2 / 2**10, 12 against 2 gives 2 (1 + 14 + 91) / 2**14, 2 against 1 gives 1."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bayesopt_benchmark", os.path.join(ROOT, "benchmarks", "bayesopt.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.sign_test_p(10, 0) == pytest.approx(2 / 2**10)
+    assert bench.sign_test_p(12, 2) == pytest.approx(2 * (1 + 14 + 91) / 2**14)
+    assert bench.sign_test_p(2, 1) == 1.0 and bench.sign_test_p(0, 0) == 1.0
+
+    def run(method, seed, final):
+        return dict(problem="branin", method=method, seed=seed, cold_refits=False, log10_regret=[0.5, final])
+
+    runs = [run("random", s, 0.0) for s in range(4)] + [run("gp", s, v) for s, v in enumerate([-1.0, -2.0, 1.0, 0.0])]
+    runs.append(run("gp", 9, -5.0))  # no random-search run in seed 9: not paired
+    paired = bench.against_random_by_seed(runs, dict(problems=["branin"]), ["random", "gp"])
+    assert paired == {"branin": {"gp": dict(better=2, worse=1, ties=1, sign_test_p=1.0)}}
