@@ -13,8 +13,10 @@ cold fit on the same data is timed beside the warm one (``warm_refit_speedup``),
 the resident set above the process after its imports) is its own.
 
 Prints per problem the median log10 simple regret at the end with its spread over seeds (min and
-max), the seconds per BO step split into fit and acquisition, and peak memory; writes the regret
-curves to ``--out`` (a JSON file and one PNG per problem) and prints one JSON object last.
+max), the seconds per BO step split into fit and acquisition, and peak memory; then each method
+against random search seed by seed (the runs ending below and above its regret in the same seed,
+with a sign test); writes the regret curves to ``--out`` (a JSON file and one PNG per problem) and
+prints one JSON object last.
 
     python benchmarks/bayesopt.py --quick          # CI: Branin and Hartmann-6, small budgets
     python benchmarks/bayesopt.py --seeds 5 --out docs/img/bayesopt_calibrated --results docs/results.json   # docs/bayesopt.md
