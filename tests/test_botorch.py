@@ -293,7 +293,14 @@ def test_a_refit_whose_data_choose_the_other_activation_starts_cold():
     y = (Y[:24] - Y[:24].mean()) / Y[:24].std()
     cold = infinite_width_gp(X[:24], y, ard=True, outcome_transform=None)  # it reaches the cold fit's optimum
     assert abs(calibration.infinite_width_fits["erf", True]["objective"] - cold.infinite_width_fits["erf", True]["objective"]) < 0.01
-    torch.testing.assert_close(calibration.mean_module.constant.detach(), cold.mean_module.constant.detach(), rtol=1e-3, atol=0.0)
+    # the constant mean on the data's own scale: within a twentieth of its posterior sd at the cold
+    # fit's kernel, (1' K^-1 1)^(-1/2) (5.0 here: a relative 1e-3 passed on one machine and failed
+    # on another at the same code, 0.020 apart, 0.004 sd, the objectives within 0.01 nats)
+    cold.eval()
+    with torch.no_grad():
+        K = cold.covar_module(X[:24]).to_dense() + cold.likelihood.noise * torch.eye(24, dtype=X.dtype)
+        mean_sd = float(torch.linalg.solve(K, torch.ones(24, 1, dtype=X.dtype)).sum()) ** -0.5
+    assert abs(float(calibration.mean_module.constant) - float(cold.mean_module.constant)) < 0.05 * mean_sd
     assert not t.refit(warm=False).fit_record.calibration.warm_started  # a cold refit calibrates from scratch
 
 

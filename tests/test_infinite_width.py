@@ -506,6 +506,28 @@ def test_a_bad_activation_is_refused_by_name(activation):
         infinite_width_gp(X, Y, activation=activation)
 
 
+def log_scale_sd(gp, name, index, step=0.01):
+    """The conditional posterior standard deviation of element ``index`` of the kernel's scale
+    ``name`` in log units at the GP's fit, :math:`(-\\partial^2 J / \\partial (\\log s)^2)^{-1/2}`
+    with :math:`J` the MAP objective (:func:`map_objective`), the curvature by central
+    differences of ``step``; the GP is left as it was."""
+    kernel = gp.covar_module
+    original = getattr(kernel, name).detach().clone()
+
+    def objective(shift):
+        values = original.clone().reshape(-1)
+        values[index] = values[index] * math.exp(shift)
+        kernel._set_scale(name, values.reshape(original.shape))
+        return float(map_objective(gp).sum())
+
+    try:
+        curvature = (objective(step) - 2 * objective(0.0) + objective(-step)) / step**2
+    finally:
+        kernel._set_scale(name, original)
+    assert curvature < 0, (name, index, curvature)  # a maximum along this scale
+    return (-curvature) ** -0.5
+
+
 def counted_fits(monkeypatch):
     """Counts the kernel evaluations of the fits that follow (one per activation per evaluation
     of the marginal likelihood and its gradient)."""
@@ -546,8 +568,14 @@ def test_a_warm_refit_starts_from_the_previous_fit_and_ends_where_a_cold_fit_doe
     del calls[:]
     again = infinite_width_gp(X, Y, ard=True, warm_start=warm)
     assert len(calls) * 20 < cold_calls
+    # where it ended, on the data's own scale: each log scale within a twentieth of its conditional
+    # posterior sd at the fit. A relative tolerance of 1e-3 passed on one machine and failed on
+    # another at the same code (one input scale 0.15% apart, 0.011 sd, the objective equal to
+    # 1e-3 nats): the optimizer stops anywhere on a ridge that flat
     for name in SCALE_NAMES:
-        torch.testing.assert_close(getattr(again.covar_module, name), getattr(warm.covar_module, name), rtol=1e-3, atol=0)
+        moved = (getattr(again.covar_module, name).log() - getattr(warm.covar_module, name).log()).detach().abs().reshape(-1)
+        for i, step in enumerate(moved):
+            assert float(step) < 0.05 * log_scale_sd(warm, name, i), (name, i, float(step), log_scale_sd(warm, name, i))
     torch.testing.assert_close(again.likelihood.noise, warm.likelihood.noise, rtol=1e-2, atol=1e-6)
     assert float(map_objective(again)) == pytest.approx(float(map_objective(warm)), abs=1e-3)
 
