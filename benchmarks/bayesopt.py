@@ -494,12 +494,10 @@ def summarize(records, settings, methods):
 
 def sign_test_p(better: int, worse: int) -> float:
     """The two-sided sign test's p-value for ``better`` of ``better + worse`` paired comparisons
-    (ties left out): twice the binomial(n, 1/2) tail at the rarer count, at most 1."""
-    n = better + worse
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(better, worse) + 1)) / 2**n
-    return min(1.0, 2.0 * tail)
+    (ties left out): scipy's exact binomial test at probability 1/2; 1 with no comparisons."""
+    from scipy.stats import binomtest
+
+    return 1.0 if better + worse == 0 else float(binomtest(better, better + worse, 0.5).pvalue)
 
 
 def against_random_by_seed(runs, settings, methods) -> dict:
@@ -513,7 +511,7 @@ def against_random_by_seed(runs, settings, methods) -> dict:
         for m in methods:
             if m == "random":
                 continue
-            pairs = [(v, final[(p, "random", s)]) for (pp, mm, s), v in final.items() if pp == p and mm == m and (p, "random", s) in final]
+            pairs = [(v, final[p, "random", s]) for (pp, mm, s), v in final.items() if (pp, mm) == (p, m) and (p, "random", s) in final]
             if not pairs:
                 continue
             better, worse = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
