@@ -36,7 +36,7 @@ def test_bayesopt_benchmark_quick(tmp_path, run_command):
         assert (tmp_path / "bo" / f"bayesopt_{problem}.png").stat().st_size > 10_000
     # a warm refit does a quarter of the cold fit's tuning or training (Laplace: its MAP's epochs;
     # its full GGN and prior calibration are not shortened): cheaper, which is what is checked
-    # here. How much is a wall-clock ratio, measured by the benchmark itself on an idle machine
+    # here. How much is a wall-clock ratio, measured by the benchmark itself in its full runs
     # (3-5x, docs/bayesopt.md) and not asserted here: beside other tests and runs it moves (NUTS
     # 1.48x in a CI run that shared the machine with two benchmark runs, 2026-11-29)
     for method in ("nuts", "mclmc", "deep_ensemble", "laplace", "swag"):
