@@ -84,6 +84,18 @@ def test_bo_input_scales_benchmark_runs(run_command):
         assert report["summary"][criterion]["cases"] == 2
 
 
+def test_bo_blas_threads_benchmark_fits_the_same_gp_either_way(run_command):
+    """benchmarks/bo_blas_threads.py, one repeat: the batched fit with the BLAS libraries on their
+    own threads and on one ends at bit-identical hyperparameters on both problems (the library's
+    fits run on one thread: nothing they fit may differ for it), and both are timed."""
+    stdout = run_command([sys.executable, os.path.join(ROOT, "benchmarks", "bo_blas_threads.py"), "--repeats", "1", "--torch-threads", "1"])
+    report = json.loads(stdout.strip().splitlines()[-1])
+    assert sorted(report["cases"]) == ["branin", "hartmann6"]
+    for case in report["cases"].values():
+        assert case["identical_fits"] is True
+        assert case["blas_own_threads_s"] > 0 and case["blas_one_thread_s"] > 0
+
+
 def test_bayesopt_seeds_added_to_saved_runs_merge(tmp_path, run_command):
     """``--first-seed`` runs later seeds of the same settings, and ``--from-runs`` merges them with
     a saved run as one set of seeds: random search on Branin (the quick budget), seeds 0-1 then

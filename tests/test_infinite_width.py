@@ -326,6 +326,35 @@ def hartmann6(n=20, seed=0):
     return X, Hartmann(dim=6, negate=True)(X).unsqueeze(-1)
 
 
+def test_the_fits_run_with_one_blas_thread_and_leave_the_callers_setting(monkeypatch):
+    """BoTorch's batched L-BFGS-B (the fit of every start at once) calls scipy's ``setulb`` once
+    per start and iteration, and with OpenBLAS on several threads each call cost about a
+    millisecond more than on one (scipy #22438): the fits run with the BLAS libraries on one
+    thread, and the caller's limit is back afterwards."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import pyrobnn.integrations.infinite_width_gp as module
+
+    def blas_threads():
+        return [info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"]
+
+    seen, fit = [], module.fit_gpytorch_mll
+
+    def recording(mll, **kwargs):
+        seen.append(blas_threads())
+        return fit(mll, **kwargs)
+
+    monkeypatch.setattr(module, "fit_gpytorch_mll", recording)
+    X, Y = toy(n=12)
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = blas_threads()
+        if not any(n > 1 for n in before):
+            pytest.skip(f"this machine's BLAS libraries run one thread ({before}): nothing to limit")
+        infinite_width_gp(X, Y)
+        assert blas_threads() == before
+    assert seen and all(threads and max(threads) == 1 for threads in seen)
+
+
 @pytest.mark.slow  # five fits on Hartmann-6, 8-14 s: in .ci/run's -m slow
 def test_the_fit_keeps_the_most_probable_of_its_starts():
     """On Hartmann-6 at 20 Sobol points the first start alone ends in the mode that explains the

@@ -46,6 +46,7 @@ try:
         from gpytorch.kernels import Kernel
         from gpytorch.mlls import ExactMarginalLogLikelihood
         from gpytorch.priors import LogNormalPrior
+    from threadpoolctl import threadpool_limits
 except ImportError as error:  # pragma: no cover - the optional extra is missing
     raise ImportError("pyrobnn.integrations.infinite_width_gp needs BoTorch: pip install 'pyrobnn[bo]'") from error
 
@@ -232,6 +233,21 @@ class _ActivationsKernel(InfiniteWidthKernel):
                           for i, activation in enumerate(self.activations)])
 
 
+def _fit_mll(gp) -> None:
+    """Fit ``gp``'s hyperparameters by BoTorch's ``fit_gpytorch_mll`` with the BLAS libraries
+    (scipy's and numpy's OpenBLAS; not torch's) on one thread.
+
+    A batched GP is fitted by BoTorch's batched L-BFGS-B, one ``setulb`` call per batch element
+    and iteration; since scipy 1.15 ``setulb`` is C calling LAPACK, and on a problem of a few
+    parameters with bounds OpenBLAS's threads cost more than the step's arithmetic (scipy issue
+    #22438). BoTorch limits the threads around its own unbatched fits and its candidate
+    generation, not around this batched fit. The fits are bit-identical either way; the time
+    saved is measured by ``benchmarks/bo_blas_threads.py`` (docs/bayesopt.md, "The calibration's
+    L-BFGS-B on one BLAS thread")."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+
+
 def _inputs_frame(train_X):
     """The training inputs' mid-range and 2 / range per feature (1 where a feature is constant)."""
     low, high = train_X.min(0).values, train_X.max(0).values
@@ -380,7 +396,7 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth=None, activation=No
             else:  # an input transform's own parameters (e.g. BoTorch's Warp)
                 learnable_transform = True
     if learnable_transform:  # fitted with the kernel, from the best start's fit
-        fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+        _fit_mll(gp)
     gp.warm_started = warm_start is not None
     gp.infinite_width_fits = {key: {"objective": fit["objective"], "scales": {name: value * base if name == "input_scale" else value
                                                                             for name, value in fit["scales"].items()},
@@ -462,7 +478,7 @@ def _fit_from_starts(x, y, starts, activations, **kernel_options) -> dict:
     gp = SingleTaskGP(x.expand(a * k, n, d), y.expand(a * k, n, m), covar_module=kernel, outcome_transform=None)
     gp.likelihood.noise = starts["noise"].expand_as(gp.likelihood.noise).clone()
     gp.mean_module.constant = starts["mean"].expand_as(gp.mean_module.constant).clone()
-    fit_gpytorch_mll(ExactMarginalLogLikelihood(gp.likelihood, gp))
+    _fit_mll(gp)
     gp.train()
     batch = (a * k,) + tuple(outcomes)
     with torch.no_grad():  # per activation, start (and outcome): log p(y | scales, noise) + log p(scales, noise)
