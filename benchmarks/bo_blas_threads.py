@@ -37,7 +37,8 @@ CASES = (("branin", 22), ("hartmann6", 30))
 
 
 def batched_gp(X, Y):
-    """The GP of the library's fit before it runs: one batch element per start of FIT_STARTS."""
+    """The erf half of the library's batched GP before its fit (which batches the ReLU kernel
+    beside it): one batch element per start of FIT_STARTS, one input scale."""
     from botorch.models import SingleTaskGP
 
     from pyrobnn.integrations.infinite_width_gp import FIT_START_NOISE, FIT_STARTS, SCALE_NAMES, InfiniteWidthKernel
