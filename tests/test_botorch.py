@@ -364,6 +364,19 @@ def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data(
     assert got.weight_scales != infinite_width_of(default_model(D, 1)).weight_scales
 
 
+def test_float32_data_get_a_float32_network_whose_prior_was_fitted_in_float64():
+    # the calibration is a GP fit, which float32 breaks near zero noise (tests/test_infinite_width.py)
+    X, Y = data()
+    s = fit_surrogate(X.float(), Y.float(), "laplace", options=QUICK["laplace"], num_samples=4)
+    model, calibration = s.fit_record.model, s.fit_record.calibration
+    assert model.dtype == torch.float32 and calibration.train_inputs[0].dtype == torch.float64
+    torch.testing.assert_close(model.likelihood.scale(), calibration.likelihood.noise.detach().sqrt().reshape(()).float())
+    post = s.posterior(torch.rand(5, D))
+    assert post.mean.dtype == torch.float32 and torch.isfinite(post.mean).all() and bool((post.variance > 0).all())
+    again = s.refit(X[:2].float() + 0.01, Y[:2].float(), warm=True)  # calibrates from the float64 fit
+    assert again.warm and again.fit_record.model.dtype == torch.float32 and again.fit_record.calibration.warm_started
+
+
 @pytest.mark.parametrize("method", ["nuts", "mclmc"])
 def test_a_samplers_surrogate_is_its_calibrated_limits_whole_network_started_at_prior_draws(method):
     """The samplers' MethodSpec.bo_limit_network is on: the default network has the units its

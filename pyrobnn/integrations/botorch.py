@@ -700,7 +700,7 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
         from_previous = previous is not None and method.warm_start is not None and record.calibration is not None
         calibration = calibration_fit(x, y, depth=infinite_width_of(record.model).depth, **activation,
                                       warm_start=record.calibration if from_previous else None)
-        model = finite_model(calibration, width=_width(record.model), output_mean=method.bo_limit_network)
+        model = finite_model(calibration, width=_width(record.model), output_mean=method.bo_limit_network, dtype=model.dtype)
     y_fit = y.reshape(-1) if y.shape[-1] == 1 and _one_output(model, x) else y
     options = dict(record.options)
     options.setdefault("seed", record.seed)

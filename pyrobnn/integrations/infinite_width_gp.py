@@ -526,8 +526,16 @@ def calibration_fit(train_X, train_Y, *, depth: int = 2, activation=ACTIVATIONS,
     ``warm_start``: a GP this function returned on data these extend (the previous step of a BO
     loop), fitted again from its own fit as :func:`infinite_width_gp`'s ``warm_start`` (its
     activations and depth kept, so ``depth`` and ``activation`` are not used with it); a
-    surrogate's warm refit calibrates so."""
+    surrogate's warm refit calibrates so.
+
+    The fit runs in float64 whatever the data's floating dtype (the returned GP is float64), as
+    BoTorch advises for its GPs: in float32 the kernel matrix of a near-noiseless fit is not
+    positive definite to working precision, and on Branin at 20 Sobol points every start's fit
+    ended at a noise variance of 0.66 standardized units against 0.0025 in float64, a surrogate
+    that calls the objective noise (``tests/test_infinite_width.py``). :func:`finite_model` builds
+    the network in the caller's dtype."""
     shape = dict(warm_start=warm_start) if warm_start is not None else dict(depth=depth, activation=activation)
+    train_X, train_Y = (t.to(torch.float64) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t for t in (train_X, train_Y))
     if ard is not None or not (isinstance(train_X, torch.Tensor) and train_X.dim() == 2):  # else infinite_width_gp says what is wrong
         return infinite_width_gp(train_X, train_Y, ard=ard, outcome_transform=None, **shape)
     n, d = train_X.shape
@@ -588,7 +596,7 @@ def _gp_of_fit(train_X, train_Y, fit, *, activation, depth, center, base) -> Sin
     return gp.eval()
 
 
-def finite_model(gp: SingleTaskGP, *, width: int = 50, output_mean: bool = True):
+def finite_model(gp: SingleTaskGP, *, width: int = 50, output_mean: bool = True, dtype=None):
     r"""The width-``width`` :class:`~pyrobnn.models.BayesianModel` whose infinite-width limit is
     ``gp`` (a :func:`calibration_fit` or an :func:`infinite_width_gp` without an outcome
     transform): its kernel's scales as the weight priors of ``InputScaling -> (Linear,
@@ -604,9 +612,14 @@ def finite_model(gp: SingleTaskGP, *, width: int = 50, output_mean: bool = True)
     the GP's mean undetermined (an erf kernel with a large bias variance: on Branin at 22 points
     -11.8 standardized units) a fit started at the offset had that far to go, and IVON's clipped
     steps did not get there (docs/bayesopt.md); a method that starts from prior draws or anchors
-    (NUTS, MCLMC, the anchored ensemble) does not use this start."""
+    (NUTS, MCLMC, the anchored ensemble) does not use this start.
+
+    ``dtype``: the network's floating dtype (default: the GP's; :func:`calibration_fit`'s is
+    float64 whatever the data's)."""
     if not (isinstance(width, int) and width >= 1):
         raise ValueError(f"width must be a positive integer, got {width!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
     kernel = getattr(gp, "covar_module", None)
     if not isinstance(gp, SingleTaskGP) or not isinstance(kernel, InfiniteWidthKernel):
         raise ValueError(f"gp must be a GP infinite_width_gp or calibration_fit returned, got {type(gp).__name__}")
@@ -630,7 +643,7 @@ def finite_model(gp: SingleTaskGP, *, width: int = 50, output_mean: bool = True)
     )
     noise = float(gp.likelihood.noise.detach().log().mean().exp().sqrt())
     likelihood = GaussianLikelihood(scale=noise)
-    model = net.bayesian_model(likelihood, out_features=m, width=width, dtype=gp.train_inputs[0].dtype)
+    model = net.bayesian_model(likelihood, out_features=m, width=width, dtype=dtype or gp.train_inputs[0].dtype)
     if output_mean:  # the network starts where a fit from its initialization starts: at the data's mean
         with torch.no_grad():
             model.net[-2].bias.copy_(-model.net[-1].mean.expand_as(model.net[-2].bias))
@@ -656,7 +669,10 @@ def calibrated_model(train_X, train_Y, *, width: int = 50, depth: int = 2, activ
 
     ``activation``: :func:`infinite_width_gp`'s, one, or several for the fit to choose among
     (default: every one, as there). ``ard``: one input scale per feature; default as
-    :func:`calibration_fit`'s."""
+    :func:`calibration_fit`'s. The network is in ``train_X``'s floating dtype; the fit runs in
+    float64 (:func:`calibration_fit`)."""
     if not (isinstance(width, int) and width >= 1):  # before the fit, as finite_model would after it
         raise ValueError(f"width must be a positive integer, got {width!r}")
-    return finite_model(calibration_fit(train_X, train_Y, depth=depth, activation=activation, ard=ard), width=width, output_mean=output_mean)
+    dtype = train_X.dtype if isinstance(train_X, torch.Tensor) and train_X.dtype.is_floating_point else None
+    return finite_model(calibration_fit(train_X, train_Y, depth=depth, activation=activation, ard=ard), width=width, output_mean=output_mean,
+                        dtype=dtype)
