@@ -466,7 +466,7 @@ def test_the_calibration_runs_in_float64_and_the_network_takes_the_datas_dtype()
     assert single.covar_module.activation == double.covar_module.activation
     model = calibrated_model(X32, Y32, width=4)
     assert model.dtype == torch.float32 and all(p.dtype == torch.float32 for p in model.net.parameters())
-    torch.testing.assert_close(model.likelihood.scale(), double.likelihood.noise.sqrt().reshape(()).float())
+    torch.testing.assert_close(model.likelihood.scale(), double.likelihood.noise.detach().sqrt().reshape(()).float())
     assert finite_model(double, width=4).dtype == torch.float64
     with pytest.raises(ValueError, match="dtype must be a floating torch.dtype"):
         finite_model(double, width=4, dtype=torch.int64)

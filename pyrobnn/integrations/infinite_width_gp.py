@@ -530,10 +530,10 @@ def calibration_fit(train_X, train_Y, *, depth: int = 2, activation=ACTIVATIONS,
 
     The fit runs in float64 whatever the data's floating dtype (the returned GP is float64), as
     BoTorch advises for its GPs: in float32 the kernel matrix of a near-noiseless fit is not
-    positive definite to working precision, and on Branin at 20 Sobol points every start's fit
-    ended at a noise variance of 0.66 standardized units against 0.0025 in float64, a surrogate
-    that calls the objective noise (``tests/test_infinite_width.py``). :func:`finite_model` builds
-    the network in the caller's dtype."""
+    positive definite to working precision; on Branin at 40 Sobol points the fit failed from every
+    start and retry (BoTorch's ``ModelFittingError``) in each of 5 designs, and at 20 points 2 of
+    5 designs chose the other activation than the same numbers in float64 (docs/bayesopt.md).
+    :func:`finite_model` builds the network in the caller's dtype."""
     shape = dict(warm_start=warm_start) if warm_start is not None else dict(depth=depth, activation=activation)
     train_X, train_Y = (t.to(torch.float64) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t for t in (train_X, train_Y))
     if ard is not None or not (isinstance(train_X, torch.Tensor) and train_X.dim() == 2):  # else infinite_width_gp says what is wrong
