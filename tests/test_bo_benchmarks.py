@@ -96,6 +96,22 @@ def test_bo_blas_threads_benchmark_fits_the_same_gp_either_way(run_command):
         assert case["blas_own_threads_s"] > 0 and case["blas_one_thread_s"] > 0
 
 
+def test_bo_boundary_benchmark_reports_where_each_acquisition_sends_its_candidates(run_command):
+    """benchmarks/bo_boundary.py --quick: one design of Hartmann-6, three surrogates; each record's
+    fraction of coordinates on the boundary is the one its candidates' largest distances from the
+    centre allow (a candidate with L_inf below 0.5 - 1e-3 has no coordinate on a bound, so the
+    fraction is at most the share of candidates on a face), and the summary counts what the
+    records hold."""
+    stdout = run_command([sys.executable, os.path.join(ROOT, "benchmarks", "bo_boundary.py"), "--quick"])
+    report = json.loads(stdout.strip().splitlines()[-1])
+    assert [r["method"] for r in report["records"]] == ["gp", "infinite_width", "laplace"]
+    for r in report["records"]:
+        on_a_face = sum(v > 0.5 - 1e-3 for v in r["l_inf"]) / len(r["l_inf"])
+        assert 0.0 <= r["on_bound"] <= on_a_face <= 1.0
+        assert r["improves"] == (max(r["values"]) > r["best_observed"])
+        assert report["summary"]["hartmann6"][r["method"]] == dict(on_bound=round(r["on_bound"], 3), improved=int(r["improves"]), designs=1)
+
+
 def test_bayesopt_seeds_added_to_saved_runs_merge(tmp_path, run_command):
     """``--first-seed`` runs later seeds of the same settings, and ``--from-runs`` merges them with
     a saved run as one set of seeds: random search on Branin (the quick budget), seeds 0-1 then
