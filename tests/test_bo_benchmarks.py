@@ -112,6 +112,25 @@ def test_bo_boundary_benchmark_reports_where_each_acquisition_sends_its_candidat
         assert report["summary"]["hartmann6"][r["method"]] == dict(on_bound=round(r["on_bound"], 3), improved=int(r["improves"]), designs=1)
 
 
+def test_bo_step_cost_benchmark_times_every_surrogate_beside_the_gp(run_command):
+    """benchmarks/bo_step_cost.py --quick: Branin, 3 steps; each surrogate's ratio is its median
+    fit plus median acquisition over the GP's, from the times it records, and the worst problem's
+    ratio is the one the bound is checked on."""
+    import statistics
+
+    stdout = run_command([sys.executable, os.path.join(ROOT, "benchmarks", "bo_step_cost.py"), "--quick"])
+    report = json.loads(stdout.strip().splitlines()[-1])
+    (record,) = report["records"]
+    times = record["times"]
+    assert sorted(times) == ["gp", "infinite_width", "laplace"]
+    assert all(t["n"] == [6, 8, 10] and len(t["fit"]) == len(t["acquisition"]) == 3 for t in times.values())
+    gp = statistics.median(times["gp"]["fit"]) + statistics.median(times["gp"]["acquisition"])
+    for m in ("infinite_width", "laplace"):
+        ratio = (statistics.median(times[m]["fit"]) + statistics.median(times[m]["acquisition"])) / gp
+        assert report["summary"]["branin"][0][m]["ratio_to_gp"] == pytest.approx(ratio, abs=1e-3)
+        assert report["worst"][m]["problem"] == "branin" and report["worst"][m]["within_bound"] == (report["worst"][m]["ratio"] <= 3)
+
+
 def test_bayesopt_seeds_added_to_saved_runs_merge(tmp_path, run_command):
     """``--first-seed`` runs later seeds of the same settings, and ``--from-runs`` merges them with
     a saved run as one set of seeds: random search on Branin (the quick budget), seeds 0-1 then

@@ -1,0 +1,168 @@
+"""A BO step's cost for every surrogate against the GP's, timed side by side in one process.
+
+    python benchmarks/bo_step_cost.py            # the 8 development and held-out problems, 1 design; about 30 min
+    python benchmarks/bo_step_cost.py --quick    # Branin, 3 steps, the infinite-width GP and Laplace at bayesopt.py's quick budgets
+
+``bayesopt.py`` reports each surrogate's seconds per step from its own runs, and its runs of
+different surrogates and seeds ran on different days beside different loads, so its ratios to
+the GP's step compare numbers a shared machine timed under different conditions. This times the
+steps of ``bayesopt.py``'s loop with every surrogate on the same data in one process, taking
+turns within each step (the order rotates by step), so that a change of load reaches all of them
+alike: ``n_init`` scrambled Sobol points, then ``steps`` steps that each fit (BoTorch's GP from
+scratch; the infinite-width GP from its previous fit; the pyrobnn surrogates cold at the first
+step and by a warm ``refit`` after, with ``bayesopt.py``'s options for the budget) and optimize
+qLogNEI's batch of ``q`` with ``bayesopt.py``'s settings, and then add the next ``q`` points of a
+second Sobol sequence (the same points for every surrogate: what a step costs depends on how
+many points there are, not on which). Per problem and surrogate it prints the median fit and
+acquisition seconds over the steps (``bayesopt.py``'s statistic) and the step's ratio to the GP's;
+the last line is one JSON object. Torch and the BLAS and OpenMP libraries run on ``--threads``
+threads (1, as ``bayesopt.py``'s runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bayesopt  # noqa: E402
+from bo_problems import DEVELOPMENT, HELD_OUT, problem  # noqa: E402
+
+SURROGATES = ["infinite_width", "nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"]
+#: issue 45's bound: a BNN step at most this many times a GP step at n <= 50
+BOUND = 3.0
+
+
+class Stepper:
+    """One surrogate's state across the loop: ``step(X, Y)`` fits it to all the data so far (as
+    ``bayesopt.py`` does at that step) and optimizes the acquisition, returning the two times."""
+
+    def __init__(self, method, seed, budget, settings):
+        self.method, self.seed, self.budget, self.settings = method, seed, budget, settings
+        self.model = None
+        self.fitted_n = 0
+
+    def fit(self, X, Y):
+        if self.method == "gp":
+            from botorch.fit import fit_gpytorch_mll
+            from botorch.models import SingleTaskGP
+            from gpytorch.mlls import ExactMarginalLogLikelihood
+
+            self.model = SingleTaskGP(X, Y)
+            fit_gpytorch_mll(ExactMarginalLogLikelihood(self.model.likelihood, self.model))
+        elif self.method == "infinite_width":
+            from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
+
+            self.model = infinite_width_gp(X, Y, warm_start=self.model)
+        elif self.model is None:
+            from pyrobnn.integrations.botorch import fit_surrogate
+
+            self.model = fit_surrogate(X, Y, self.method, options=bayesopt.OPTIONS[self.budget][self.method],
+                                       num_samples=self.settings["num_samples"], seed=self.seed)
+        else:
+            self.model = self.model.refit(X[self.fitted_n:], Y[self.fitted_n:], warm=True)
+        self.fitted_n = X.shape[0]
+
+    def step(self, X, Y):
+        from botorch.acquisition.logei import qLogNoisyExpectedImprovement
+        from botorch.optim import optimize_acqf
+
+        t0 = time.perf_counter()
+        self.fit(X, Y)
+        t1 = time.perf_counter()
+        d = X.shape[-1]
+        bounds = torch.stack([torch.zeros(d, dtype=X.dtype), torch.ones(d, dtype=X.dtype)])
+        torch.manual_seed(self.seed)
+        acq = qLogNoisyExpectedImprovement(self.model, X_baseline=X)
+        optimize_acqf(acq, bounds=bounds, q=self.settings["q"], num_restarts=self.settings["num_restarts"], raw_samples=self.settings["raw_samples"])
+        return t1 - t0, time.perf_counter() - t1
+
+
+def run(name, methods, design, budget, steps):
+    """Every surrogate's fit and acquisition seconds at each step of one design of ``name``."""
+    from torch.quasirandom import SobolEngine
+
+    settings = bayesopt.QUICK if budget == "quick" else bayesopt.FULL
+    p = problem(name)
+    X = SobolEngine(p.d, scramble=True, seed=design).draw(settings["n_init"]).to(torch.float64)
+    more = SobolEngine(p.d, scramble=True, seed=10_000 + design)
+    Y = p.f(X)
+    steppers = {m: Stepper(m, design, budget, settings) for m in ["gp"] + methods}
+    order = list(steppers)
+    times = {m: {"fit": [], "acquisition": [], "n": []} for m in order}
+    for k in range(steps):
+        for m in order[k % len(order):] + order[: k % len(order)]:
+            fit, acq = steppers[m].step(X, Y)
+            times[m]["fit"].append(fit)
+            times[m]["acquisition"].append(acq)
+            times[m]["n"].append(X.shape[0])
+        new = more.draw(settings["q"]).to(torch.float64)
+        X, Y = torch.cat([X, new]), torch.cat([Y, p.f(new)])
+    return times
+
+
+def summarize(times):
+    """Per surrogate: median fit and acquisition seconds over the steps and the step's ratio to
+    the GP's (medians' sums, as ``bayesopt.py`` forms it)."""
+    gp = statistics.median(times["gp"]["fit"]) + statistics.median(times["gp"]["acquisition"])
+    out = {}
+    for m, t in times.items():
+        fit, acq = statistics.median(t["fit"]), statistics.median(t["acquisition"])
+        out[m] = dict(fit=round(fit, 4), acquisition=round(acq, 4), ratio_to_gp=round((fit + acq) / gp, 3))
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="Branin, 3 steps, the infinite-width GP and Laplace, quick budgets")
+    parser.add_argument("--problems", nargs="+", default=None, help="default: the development and held-out problems")
+    parser.add_argument("--methods", nargs="+", default=None, help="default: " + " ".join(SURROGATES) + " (the GP always runs)")
+    parser.add_argument("--designs", type=int, default=1, help="Sobol designs (seeds 0, 1, ...) per problem")
+    parser.add_argument("--threads", type=int, default=1, help="torch's and the BLAS/OpenMP libraries' threads")
+    args = parser.parse_args(argv)
+    if args.designs < 1:
+        parser.error(f"--designs must be at least 1, got {args.designs}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    problems = args.problems or (["branin"] if args.quick else DEVELOPMENT + HELD_OUT)
+    methods = args.methods or (["infinite_width", "laplace"] if args.quick else SURROGATES)
+    unknown = sorted(set(methods) - set(SURROGATES))
+    if unknown:
+        parser.error(f"--methods: {unknown} are not surrogates timed here; choose from {' '.join(SURROGATES)}")
+    budget = "quick" if args.quick else "full"
+    steps = 3 if args.quick else bayesopt.FULL["steps"]
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    results, records = {}, []
+    with threadpool_limits(args.threads):
+        for name in problems:
+            for design in range(args.designs):
+                times = run(name, methods, design, budget, steps)
+                records.append(dict(problem=name, design=design, times=times))
+                summary = summarize(times)
+                results.setdefault(name, []).append(summary)
+                print(f"\n{name}, design {design}: median seconds per step (fit + acquisition), ratio to the GP's step")
+                for m, s in summary.items():
+                    print(f"  {m:15s} {s['fit']:7.2f} + {s['acquisition']:6.2f} s   {s['ratio_to_gp']:5.2f}x", flush=True)
+    worst = {}
+    for m in methods:
+        ratios = {p: statistics.median(s[m]["ratio_to_gp"] for s in rows) for p, rows in results.items()}
+        p = max(ratios, key=ratios.get)
+        worst[m] = dict(problem=p, ratio=ratios[p], within_bound=ratios[p] <= BOUND)
+        print(f"  [{'yes' if ratios[p] <= BOUND else ' no'}] {m}: a step at most {BOUND:g}x the GP's (at worst {ratios[p]:.2f}x, {p})")
+    print(json.dumps(dict(settings=dict(problems=problems, methods=methods, designs=args.designs, budget=budget, steps=steps, threads=args.threads),
+                          records=records, summary=results, worst=worst)))
+
+
+if __name__ == "__main__":
+    main()
