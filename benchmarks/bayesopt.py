@@ -116,6 +116,34 @@ def laplace_bayesopt_model(X, Y):
     return LaplaceBoTorch(get_net, X, Y, outcome_transform=Standardize(1))  # its defaults otherwise
 
 
+def fit_model(method, X, Y, seed, settings, budget, previous=None):
+    """The model this benchmark fits for ``method`` at a step, on all the data so far: BoTorch's
+    GP from scratch; the infinite-width GP from ``previous`` (its fit at the step before, as
+    BoTorch's tutorials warm-start) or cold; laplace-bayesopt's from scratch; a pyrobnn surrogate
+    by ``fit_surrogate`` with the budget's ``OPTIONS`` when ``previous`` is ``None``, else by
+    ``previous.refit`` on the points added since, warm."""
+    if method == "gp":
+        from botorch.fit import fit_gpytorch_mll
+        from botorch.models import SingleTaskGP
+        from gpytorch.mlls import ExactMarginalLogLikelihood
+
+        model = SingleTaskGP(X, Y)
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+        return model
+    if method == "infinite_width":
+        from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
+
+        return infinite_width_gp(X, Y, warm_start=previous)
+    if method == "laplace_bayesopt":
+        return laplace_bayesopt_model(X, Y)
+    if previous is None:
+        from pyrobnn.integrations.botorch import fit_surrogate
+
+        return fit_surrogate(X, Y, method, options=OPTIONS[budget][method], num_samples=settings["num_samples"], seed=seed)
+    seen = previous.fit_record.train_X.shape[0]
+    return previous.refit(X[seen:], Y[seen:], warm=True)
+
+
 def run_one(name, method, seed, settings, budget, cold_refits=False):
     """One BO run; returns its record (a dict)."""
     from botorch.acquisition.logei import qLogNoisyExpectedImprovement
@@ -141,32 +169,15 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
             candidates = sobol.draw(q).to(torch.float64)
             t1 = t0
         else:
-            if method == "gp":
-                from botorch.fit import fit_gpytorch_mll
-                from botorch.models import SingleTaskGP
-                from gpytorch.mlls import ExactMarginalLogLikelihood
-
-                model = SingleTaskGP(X, Y)
-                fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-            elif method == "infinite_width":
-                from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
-
-                warm = model is not None and not cold_refits  # from the previous step's fit, as BoTorch's tutorials do
-                model = infinite_width_gp(X, Y, warm_start=model if warm else None)
-                if model.warm_started:
-                    warm_s.append(time.perf_counter() - t0)
-                    last_warm_data = X, Y
-            elif method == "laplace_bayesopt":
-                model = laplace_bayesopt_model(X, Y)
-            else:
-                from pyrobnn.integrations.botorch import fit_surrogate
-
-                if surrogate is None or cold_refits:
-                    surrogate = fit_surrogate(X, Y, method, options=OPTIONS[budget][method], num_samples=settings["num_samples"], seed=seed)
-                else:
-                    surrogate = surrogate.refit(X[-q:], Y[-q:], warm=True)
+            previous = None if cold_refits else model
+            model = fit_model(method, X, Y, seed, settings, budget, previous=previous)
+            if method == "infinite_width" and model.warm_started:
+                warm_s.append(time.perf_counter() - t0)
+                last_warm_data = X, Y
+            elif method not in BASELINES + GP_FITTED:
+                surrogate = model
+                if previous is not None:
                     (warm_s if surrogate.warm else cold_s).append(surrogate.fit_seconds)
-                model = surrogate
             t1 = time.perf_counter()
             # BoTorch's default prunes the baseline; laplace-bayesopt's posterior fails there
             # ("Models with multiple batch dims are currently unsupported by prune_inferior_points")

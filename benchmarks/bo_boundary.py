@@ -38,25 +38,6 @@ FULL = dict(problems=["hartmann6", "ackley10", "styblinskitang10"], designs=3, n
 QUICK = dict(problems=["hartmann6"], designs=1, n=12, methods=["gp", "infinite_width", "laplace"])
 
 
-def surrogate(method, X, Y, seed, budget, settings):
-    """The model ``bayesopt.py`` fits for ``method`` at a cold step."""
-    if method == "gp":
-        from botorch.fit import fit_gpytorch_mll
-        from botorch.models import SingleTaskGP
-        from gpytorch.mlls import ExactMarginalLogLikelihood
-
-        model = SingleTaskGP(X, Y)
-        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-        return model
-    if method == "infinite_width":
-        from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
-
-        return infinite_width_gp(X, Y)
-    from pyrobnn.integrations.botorch import fit_surrogate
-
-    return fit_surrogate(X, Y, method, options=bayesopt.OPTIONS[budget][method], num_samples=settings["num_samples"], seed=seed)
-
-
 def step(name, method, design, n, budget):
     """One acquisition from ``n`` Sobol points of ``name`` (design ``design``): the candidates'
     place and value against the best observation."""
@@ -68,7 +49,7 @@ def step(name, method, design, n, budget):
     p = problem(name)
     X = SobolEngine(p.d, scramble=True, seed=design).draw(n).to(torch.float64)
     Y = p.f(X)
-    model = surrogate(method, X, Y, design, budget, settings)
+    model = bayesopt.fit_model(method, X, Y, design, settings, budget)
     torch.manual_seed(design)
     bounds = torch.stack([torch.zeros(p.d, dtype=torch.float64), torch.ones(p.d, dtype=torch.float64)])
     acq = qLogNoisyExpectedImprovement(model, X_baseline=X)

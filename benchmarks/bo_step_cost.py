@@ -48,35 +48,13 @@ class Stepper:
     def __init__(self, method, seed, budget, settings):
         self.method, self.seed, self.budget, self.settings = method, seed, budget, settings
         self.model = None
-        self.fitted_n = 0
-
-    def fit(self, X, Y):
-        if self.method == "gp":
-            from botorch.fit import fit_gpytorch_mll
-            from botorch.models import SingleTaskGP
-            from gpytorch.mlls import ExactMarginalLogLikelihood
-
-            self.model = SingleTaskGP(X, Y)
-            fit_gpytorch_mll(ExactMarginalLogLikelihood(self.model.likelihood, self.model))
-        elif self.method == "infinite_width":
-            from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
-
-            self.model = infinite_width_gp(X, Y, warm_start=self.model)
-        elif self.model is None:
-            from pyrobnn.integrations.botorch import fit_surrogate
-
-            self.model = fit_surrogate(X, Y, self.method, options=bayesopt.OPTIONS[self.budget][self.method],
-                                       num_samples=self.settings["num_samples"], seed=self.seed)
-        else:
-            self.model = self.model.refit(X[self.fitted_n:], Y[self.fitted_n:], warm=True)
-        self.fitted_n = X.shape[0]
 
     def step(self, X, Y):
         from botorch.acquisition.logei import qLogNoisyExpectedImprovement
         from botorch.optim import optimize_acqf
 
         t0 = time.perf_counter()
-        self.fit(X, Y)
+        self.model = bayesopt.fit_model(self.method, X, Y, self.seed, self.settings, self.budget, previous=self.model)
         t1 = time.perf_counter()
         d = X.shape[-1]
         bounds = torch.stack([torch.zeros(d, dtype=X.dtype), torch.ones(d, dtype=X.dtype)])
