@@ -144,10 +144,22 @@ def fit_model(method, X, Y, seed, settings, budget, previous=None):
     return previous.refit(X[seen:], Y[seen:], warm=True)
 
 
-def run_one(name, method, seed, settings, budget, cold_refits=False):
-    """One BO run; returns its record (a dict)."""
+def next_batch(model, X, settings, prune_baseline=True):
+    """The batch of ``settings["q"]`` points on the unit cube that maximizes qLogNEI under
+    ``model`` with ``X`` as its baseline, by ``optimize_acqf`` with the budget's ``num_restarts``
+    and ``raw_samples``."""
     from botorch.acquisition.logei import qLogNoisyExpectedImprovement
     from botorch.optim import optimize_acqf
+
+    d = X.shape[-1]
+    bounds = torch.stack([torch.zeros(d, dtype=X.dtype), torch.ones(d, dtype=X.dtype)])
+    acq = qLogNoisyExpectedImprovement(model, X_baseline=X, prune_baseline=prune_baseline)
+    candidates, _ = optimize_acqf(acq, bounds=bounds, q=settings["q"], num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
+    return candidates.detach()
+
+
+def run_one(name, method, seed, settings, budget, cold_refits=False):
+    """One BO run; returns its record (a dict)."""
     from torch.quasirandom import SobolEngine
 
     torch.manual_seed(seed)
@@ -155,7 +167,6 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
     X = SobolEngine(d, scramble=True, seed=seed).draw(settings["n_init"]).to(torch.float64)
     Y = f(X)
     baseline = rss_mb()
-    bounds = torch.stack([torch.zeros(d), torch.ones(d)]).to(torch.float64)
     best = [float(Y.max())]
     fit_s, acq_s, warm_s, cold_s = [], [], [], []
     ard = []  # per step: whether the kernel (the infinite-width GP's, or the calibration a network's prior came from) had one input scale per feature
@@ -181,9 +192,7 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
             t1 = time.perf_counter()
             # BoTorch's default prunes the baseline; laplace-bayesopt's posterior fails there
             # ("Models with multiple batch dims are currently unsupported by prune_inferior_points")
-            acq = qLogNoisyExpectedImprovement(model, X_baseline=X, prune_baseline=method != "laplace_bayesopt")
-            candidates, _ = optimize_acqf(acq, bounds=bounds, q=q, num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
-            candidates = candidates.detach()
+            candidates = next_batch(model, X, settings, prune_baseline=method != "laplace_bayesopt")
         t2 = time.perf_counter()
         calibration = surrogate.fit_record.calibration if surrogate is not None else model
         ard.append(getattr(getattr(calibration, "covar_module", None), "ard", None))

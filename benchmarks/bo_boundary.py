@@ -1,6 +1,6 @@
 """Where each surrogate's acquisition sends its candidates: to the cube's boundary or inside it.
 
-    python benchmarks/bo_boundary.py            # Hartmann-6, Ackley-10, Styblinski-Tang-10; 3 designs; about 15 min
+    python benchmarks/bo_boundary.py            # Hartmann-6, Ackley-10, Styblinski-Tang-10; 3 designs; about 7 min
     python benchmarks/bo_boundary.py --quick    # Hartmann-6, 1 design, GP, infinite-width GP and Laplace, small budgets
 
 One step of ``bayesopt.py``'s loop, taken apart: from ``--n`` scrambled Sobol points of a problem
@@ -41,8 +41,6 @@ QUICK = dict(problems=["hartmann6"], designs=1, n=12, methods=["gp", "infinite_w
 def step(name, method, design, n, budget):
     """One acquisition from ``n`` Sobol points of ``name`` (design ``design``): the candidates'
     place and value against the best observation."""
-    from botorch.acquisition.logei import qLogNoisyExpectedImprovement
-    from botorch.optim import optimize_acqf
     from torch.quasirandom import SobolEngine
 
     settings = bayesopt.QUICK if budget == "quick" else bayesopt.FULL
@@ -51,10 +49,7 @@ def step(name, method, design, n, budget):
     Y = p.f(X)
     model = bayesopt.fit_model(method, X, Y, design, settings, budget)
     torch.manual_seed(design)
-    bounds = torch.stack([torch.zeros(p.d, dtype=torch.float64), torch.ones(p.d, dtype=torch.float64)])
-    acq = qLogNoisyExpectedImprovement(model, X_baseline=X)
-    candidates, _ = optimize_acqf(acq, bounds=bounds, q=settings["q"], num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
-    candidates = candidates.detach()
+    candidates = bayesopt.next_batch(model, X, settings)
     values = p.f(candidates).squeeze(-1)
     on_bound = ((candidates < ON_BOUND) | (candidates > 1 - ON_BOUND)).to(torch.float64)
     return dict(problem=name, method=method, design=design, n=n, on_bound=float(on_bound.mean()),

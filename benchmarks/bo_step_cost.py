@@ -1,6 +1,6 @@
 """A BO step's cost for every surrogate against the GP's, timed side by side in one process.
 
-    python benchmarks/bo_step_cost.py            # the 8 development and held-out problems, 1 design; about 30 min
+    python benchmarks/bo_step_cost.py            # the 8 development and held-out problems, 1 design; about 20 min
     python benchmarks/bo_step_cost.py --quick    # Branin, 3 steps, the infinite-width GP and Laplace at bayesopt.py's quick budgets
 
 ``bayesopt.py`` reports each surrogate's seconds per step from its own runs, and its runs of
@@ -50,17 +50,11 @@ class Stepper:
         self.model = None
 
     def step(self, X, Y):
-        from botorch.acquisition.logei import qLogNoisyExpectedImprovement
-        from botorch.optim import optimize_acqf
-
         t0 = time.perf_counter()
         self.model = bayesopt.fit_model(self.method, X, Y, self.seed, self.settings, self.budget, previous=self.model)
         t1 = time.perf_counter()
-        d = X.shape[-1]
-        bounds = torch.stack([torch.zeros(d, dtype=X.dtype), torch.ones(d, dtype=X.dtype)])
         torch.manual_seed(self.seed)
-        acq = qLogNoisyExpectedImprovement(self.model, X_baseline=X)
-        optimize_acqf(acq, bounds=bounds, q=self.settings["q"], num_restarts=self.settings["num_restarts"], raw_samples=self.settings["raw_samples"])
+        bayesopt.next_batch(self.model, X, self.settings)
         return t1 - t0, time.perf_counter() - t1
 
 
