@@ -577,7 +577,8 @@ def acceptance(regret, spread, speedup, seconds, memory, methods):
                   if p in seconds.get(m, {}) and p in seconds.get("gp", {}) and sum(seconds["gp"][p].values()) > 0}
         if ratios:
             worst = max(ratios, key=ratios.get)
-            out.append((f"{m}: a step at most 3x the GP's (at worst {ratios[worst]:.1f}x, {worst})", ratios[worst] <= 3))
+            out.append((f"{m}: a step at most 3x the GP's (at worst {ratios[worst]:.1f}x, {worst}; each surrogate's seconds from its own runs, "
+                        "which may have run under different loads: bo_step_cost.py times them side by side)", ratios[worst] <= 3))
     for m, value in speedup.items():
         if value is not None:
             out.append((f"{m}: a warm refit {value:.1f}x faster than a cold fit (at least 3x)", value >= 3))
