@@ -1,6 +1,6 @@
 """Where each surrogate's acquisition sends its candidates: to the cube's boundary or inside it.
 
-    python benchmarks/bo_boundary.py            # Hartmann-6, Ackley-10, Styblinski-Tang-10; 3 designs; about 7 min
+    python benchmarks/bo_boundary.py            # the 8 development and held-out problems, 3 designs each; about 20 min
     python benchmarks/bo_boundary.py --quick    # Hartmann-6, 1 design, GP, infinite-width GP and Laplace, small budgets
 
 One step of ``bayesopt.py``'s loop, taken apart: from ``--n`` scrambled Sobol points of a problem
@@ -29,11 +29,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bayesopt  # noqa: E402
-from bo_problems import problem  # noqa: E402
+from bo_problems import DEVELOPMENT, HELD_OUT, problem  # noqa: E402
 
 #: a coordinate this close to 0 or 1 lies on the boundary
 ON_BOUND = 1e-3
-FULL = dict(problems=["hartmann6", "ackley10", "styblinskitang10"], designs=3, n=26,
+FULL = dict(problems=DEVELOPMENT + HELD_OUT, designs=3, n=26,
             methods=["gp", "infinite_width", "nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"])
 QUICK = dict(problems=["hartmann6"], designs=1, n=12, methods=["gp", "infinite_width", "laplace"])
 
