@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bayesopt  # noqa: E402
-from bo_problems import DEVELOPMENT, HELD_OUT, problem  # noqa: E402
+from bo_problems import DEVELOPMENT, HELD_OUT, problem, single_objective  # noqa: E402
 
 #: a coordinate this close to 0 or 1 lies on the boundary
 ON_BOUND = 1e-3
@@ -82,6 +82,10 @@ def main(argv=None):
         parser.error(f"--designs must be at least 1, got {designs}")
     if n < 2:
         parser.error(f"--n must be at least 2, got {n}")
+    known = single_objective()
+    if any(p not in known for p in problems):
+        parser.error(f"--problems: {[p for p in problems if p not in known]} are not single-objective problems of bo_problems.py; "
+                     f"choose from {' '.join(known)}")
     unknown = sorted(set(methods) - set(bayesopt.METHODS) - {"gp", "infinite_width"}) + sorted({"random", "laplace_bayesopt"} & set(methods))
     if unknown:
         parser.error(f"--methods: {unknown} not surrogates here; choose from gp infinite_width {' '.join(bayesopt.OPTIONS['full'])}")

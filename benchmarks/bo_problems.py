@@ -66,3 +66,8 @@ def problem(name: str) -> Problem:
         return fn(bounds[0] + x * (bounds[1] - bounds[0])).unsqueeze(-1)
 
     return Problem(f, bounds.shape[1], float(fn.optimal_value))  # the negated function's optimum (BoTorch signs it)
+
+
+def single_objective() -> list:
+    """The problems with one objective (an optimum, so a regret), in the order of the split."""
+    return [name for name in DEVELOPMENT + HELD_OUT + REGIMES if problem(name).optimum is not None]

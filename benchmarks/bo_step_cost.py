@@ -34,28 +34,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bayesopt  # noqa: E402
-from bo_problems import DEVELOPMENT, HELD_OUT, problem  # noqa: E402
+from bo_problems import DEVELOPMENT, HELD_OUT, problem, single_objective  # noqa: E402
 
 SURROGATES = ["infinite_width", "nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"]
 #: issue 45's bound: a BNN step at most this many times a GP step at n <= 50
 BOUND = 3.0
-
-
-class Stepper:
-    """One surrogate's state across the loop: ``step(X, Y)`` fits it to all the data so far (as
-    ``bayesopt.py`` does at that step) and optimizes the acquisition, returning the two times."""
-
-    def __init__(self, method, seed, budget, settings):
-        self.method, self.seed, self.budget, self.settings = method, seed, budget, settings
-        self.model = None
-
-    def step(self, X, Y):
-        t0 = time.perf_counter()
-        self.model = bayesopt.fit_model(self.method, X, Y, self.seed, self.settings, self.budget, previous=self.model)
-        t1 = time.perf_counter()
-        torch.manual_seed(self.seed)
-        bayesopt.next_batch(self.model, X, self.settings)
-        return t1 - t0, time.perf_counter() - t1
 
 
 def run(name, methods, design, budget, steps):
@@ -67,14 +50,18 @@ def run(name, methods, design, budget, steps):
     X = SobolEngine(p.d, scramble=True, seed=design).draw(settings["n_init"]).to(torch.float64)
     more = SobolEngine(p.d, scramble=True, seed=10_000 + design)
     Y = p.f(X)
-    steppers = {m: Stepper(m, design, budget, settings) for m in ["gp"] + methods}
-    order = list(steppers)
+    order = ["gp"] + methods
+    models = dict.fromkeys(order)  # each surrogate's fit at the step before (None: none yet)
     times = {m: {"fit": [], "acquisition": [], "n": []} for m in order}
     for k in range(steps):
         for m in order[k % len(order):] + order[: k % len(order)]:
-            fit, acq = steppers[m].step(X, Y)
-            times[m]["fit"].append(fit)
-            times[m]["acquisition"].append(acq)
+            t0 = time.perf_counter()
+            models[m] = bayesopt.fit_model(m, X, Y, design, settings, budget, previous=models[m])
+            t1 = time.perf_counter()
+            torch.manual_seed(design)
+            bayesopt.next_batch(models[m], X, settings)
+            times[m]["fit"].append(t1 - t0)
+            times[m]["acquisition"].append(time.perf_counter() - t1)
             times[m]["n"].append(X.shape[0])
         new = more.draw(settings["q"]).to(torch.float64)
         X, Y = torch.cat([X, new]), torch.cat([Y, p.f(new)])
@@ -109,6 +96,10 @@ def main(argv=None):
     unknown = sorted(set(methods) - set(SURROGATES))
     if unknown:
         parser.error(f"--methods: {unknown} are not surrogates timed here; choose from {' '.join(SURROGATES)}")
+    known = single_objective()
+    if any(p not in known for p in problems):
+        parser.error(f"--problems: {[p for p in problems if p not in known]} are not single-objective problems of bo_problems.py; "
+                     f"choose from {' '.join(known)}")
     budget = "quick" if args.quick else "full"
     steps = 3 if args.quick else bayesopt.FULL["steps"]
     from threadpoolctl import threadpool_limits
