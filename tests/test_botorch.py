@@ -338,8 +338,37 @@ def test_bad_input_is_refused_by_name():
         fit_surrogate(X, Y, "deep_ensemble", model=pyrobnn.BayesianModel(net, pyrobnn.CategoricalLikelihood()))
     with pytest.raises(ValueError, match="laplace_form"):
         fit_surrogate(X, Y, "laplace", laplace_form="exact")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        fit_surrogate(X, Y, "deep_ensemble", activations=("erf", "tanh"))
+    with pytest.raises(ValueError, match="with a model given"):
+        fit_surrogate(X, Y, "deep_ensemble", model=default_model(D, 1), activations=("cos",))
+    with pytest.raises(ValueError, match="bo_limit_network is false"):
+        fit_surrogate(X, Y, "laplace", activations=("cos",))
     with pytest.raises(TypeError, match="pyrobnn Result"):
         PosteriorSurrogate(object(), X, Y)
+
+
+def test_the_calibration_offered_the_cosine_network_builds_it_and_keeps_it_in_refits():
+    """``activations`` reaches the default model's calibration: offered the cosine network alone,
+    the surrogate's network is Linear, Cos, ... with the stationary kernel's wide first-layer
+    phases, its calibration's kernel is the cosine one, and a warm refit keeps both; offered erf
+    and cos, the network is the one whose fit was the more probable."""
+    from pyrobnn.models.infinite_width import COS_PHASE_SCALE, infinite_width_of
+
+    X, Y = data(n=16)
+    s = fit_surrogate(X[:12], Y[:12], "deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4, activations=("cos",))
+    t = s.condition_on_observations(X[12:], Y[12:])
+    for v in (s, t):
+        limit = infinite_width_of(v.result.model)
+        assert limit.activation == "cos" and v.fit_record.calibration.covar_module.activation == "cos"
+        assert limit.bias_scales[0] == COS_PHASE_SCALE and limit.bias_scales[1] != COS_PHASE_SCALE
+    assert t.warm and t.fit_record.activations == ("cos",)
+    both = fit_surrogate(X, Y, "deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4, activations=["erf", "cos", "erf"])
+    fits = both.fit_record.calibration.infinite_width_fits
+    assert {a for a, _ in fits} == {"erf", "cos"} and both.fit_record.activations == ("erf", "cos")
+    ard = both.fit_record.calibration.covar_module.ard  # the shape chosen; the activation is its more probable fit's
+    chosen = max((k for k in fits if k[1] == ard), key=lambda k: fits[k]["objective"])[0]
+    assert infinite_width_of(both.result.model).activation == chosen
 
 
 def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data():

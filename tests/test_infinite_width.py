@@ -17,19 +17,27 @@ import torch
 from torch import nn
 
 import pyrobnn
-from pyrobnn.models.infinite_width import Erf, InfiniteWidthMLP, InputScaling, OutputMean, activation_expectation, infinite_width_of
+from pyrobnn.models.infinite_width import (
+    COS_PHASE_SCALE,
+    Cos,
+    Erf,
+    InfiniteWidthMLP,
+    InputScaling,
+    OutputMean,
+    activation_expectation,
+    infinite_width_of,
+)
 
 
-def quadrature_expectation(kxx, kxy, kyy, order=80):
-    """E[erf(u) erf(v)] by Gauss-Hermite quadrature: u = a z1, v = b (r z1 + sqrt(1 - r^2) z2)."""
+def quadrature_expectation(kxx, kxy, kyy, order=80, phi=np.vectorize(math.erf)):
+    """E[phi(u) phi(v)] by Gauss-Hermite quadrature: u = a z1, v = b (r z1 + sqrt(1 - r^2) z2)."""
     nodes, weights = np.polynomial.hermite_e.hermegauss(order)
     z1, z2 = np.meshgrid(nodes, nodes, indexing="ij")
     w = np.outer(weights, weights) / (2 * math.pi)
     a, b = math.sqrt(kxx), math.sqrt(kyy)
     r = kxy / (a * b)
     u, v = a * z1, b * (r * z1 + math.sqrt(1 - r * r) * z2)
-    erf = np.vectorize(math.erf)
-    return float((w * erf(u) * erf(v)).sum())
+    return float((w * phi(u) * phi(v)).sum())
 
 
 COVARIANCES = [(1.0, 0.3, 2.0), (0.2, -0.1, 0.5), (3.0, 2.9, 3.0), (1.5, 0.0, 0.7)]
@@ -43,6 +51,28 @@ def closed_form(activation, kxx, kxy, kyy):
 def test_erf_expectation_matches_quadrature(kxx, kxy, kyy):
     # smooth: Gauss-Hermite of order 80 is accurate to about 1e-8 at a correlation of 0.97
     assert closed_form("erf", kxx, kxy, kyy) == pytest.approx(quadrature_expectation(kxx, kxy, kyy), abs=1e-7)
+
+
+@pytest.mark.parametrize("kxx, kxy, kyy", COVARIANCES + [(9.0, 8.5, 10.0), (9.0, -8.5, 10.0)])
+def test_cos_expectation_matches_quadrature(kxx, kxy, kyy):
+    # smooth and entire: order 80 resolves cos over the +-4 standard deviations that matter, the
+    # last two cases' variances (about 10) included
+    assert closed_form("cos", kxx, kxy, kyy) == pytest.approx(quadrature_expectation(kxx, kxy, kyy, phi=np.cos), abs=1e-8)
+
+
+def test_cos_networks_kernel_is_stationary_behind_wide_phases():
+    """With the first layer's biases at COS_PHASE_SCALE the cosine network's kernel depends on the
+    inputs' difference alone, to the e^(-2 pi^2) of the module docstring, at one and two hidden
+    layers; with narrow biases, and the erf network's at any, it does not."""
+    g = torch.Generator().manual_seed(0)
+    x, x2 = (torch.randn(5, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    shift = torch.randn(1, 3, generator=g, dtype=torch.float64)  # the same for every input
+    for depth in (1, 2):
+        for activation, first_bias, stationary in (("cos", COS_PHASE_SCALE, True), ("cos", 0.4, False), ("erf", COS_PHASE_SCALE, False)):
+            net = InfiniteWidthMLP(activation, (1.3,) + (1.7,) * (depth - 1) + (0.8,), (first_bias,) + (0.4,) * (depth - 1) + (0.6,),
+                                   torch.zeros(3, dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+            moved = net.covariance(x + shift, x2 + shift) - net.covariance(x, x2)
+            assert (moved.abs().max() < 1e-8) == stationary, (activation, first_bias, depth, moved.abs().max())
 
 
 @pytest.mark.parametrize("kxx, kxy, kyy", COVARIANCES)
@@ -76,7 +106,7 @@ def prior_draws(model, x, draws, seed=0, chunk=500):
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("activation", ["erf", "relu"])
+@pytest.mark.parametrize("activation", ["erf", "relu", "cos"])
 def test_one_hidden_layer_networks_prior_covariance_is_the_kernel_at_any_width(activation):
     net = description(activation)
     model = net.bayesian_model(pyrobnn.GaussianLikelihood(scale=0.1), width=16)
@@ -146,7 +176,7 @@ def test_the_description_round_trips_through_the_bayesian_model():
 def test_networks_without_this_limit_are_refused_by_name():
     tanh = pyrobnn.BayesianModel(pyrobnn.MLP(3, 1, hidden=(4,), activation="tanh").double(), pyrobnn.GaussianLikelihood(),
                                  prior=pyrobnn.NormalPrior(1.0, fan_in=True))
-    with pytest.raises(ValueError, match=r"closed form for one of \('erf', 'relu'\)"):
+    with pytest.raises(ValueError, match=r"closed form for one of \('erf', 'relu', 'cos'\)"):
         infinite_width_of(tanh)
     no_fan_in = pyrobnn.BayesianModel(pyrobnn.MLP(3, 1, hidden=(4,)).double(), pyrobnn.GaussianLikelihood(), prior=pyrobnn.NormalPrior(1.0))
     with pytest.raises(ValueError, match="fan_in=True on weights"):
@@ -181,6 +211,28 @@ def test_the_kernel_is_the_description_it_hands_to_the_finite_network():
     dense = kernel(X).to_dense()
     torch.testing.assert_close(dense, kernel.network().covariance(X), rtol=1e-12, atol=1e-12)
     assert torch.linalg.eigvalsh(dense).min() > -1e-10  # a covariance
+
+
+def test_the_cos_kernel_hands_the_finite_network_its_wide_phases():
+    """The cosine kernel's first-layer biases are COS_PHASE_SCALE, not the fitted bias scale: the
+    description it hands over has them (and its covariance is the kernel's), the network built
+    from it is Linear, Cos, ..., and reading that network back gives the kernel's starting scales
+    (the fitted bias scale, not a mean with the phases')."""
+    X, _ = toy()
+    kernel = InfiniteWidthKernel(2, depth=2, activation="cos", center=torch.full((2,), 0.5, dtype=torch.float64),
+                                 base_scale=torch.full((2,), 2.0, dtype=torch.float64))
+    with torch.no_grad():
+        kernel.raw_bias_scale.fill_(-1.0)
+    net = kernel.network()
+    bias = float(kernel.bias_scale)
+    assert net.bias_scales == pytest.approx((COS_PHASE_SCALE, bias, bias))
+    torch.testing.assert_close(kernel(X).to_dense(), net.covariance(X), rtol=1e-12, atol=1e-12)
+    model = net.bayesian_model(pyrobnn.GaussianLikelihood(scale=0.1), width=4)
+    assert [type(m) for m in model.net] == [InputScaling, nn.Linear, Cos, nn.Linear, Cos, nn.Linear]
+    assert infinite_width_of(model).activation == "cos"
+    from pyrobnn.integrations.infinite_width_gp import _scales_of
+
+    assert _scales_of(infinite_width_of(model))[1] == pytest.approx(bias)
 
 
 def test_infinite_width_gp_fits_and_predicts_in_bounds():

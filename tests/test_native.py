@@ -17,7 +17,7 @@ from pyrobnn.infer.mcmc.samplers import nuts
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCState, MCLMCTuning, native_mclmc_step
 from pyrobnn.infer.mcmc.nuts_kernel import NUTS, NUTSSettings, NUTSState, native_nuts_step, nuts_step
 from pyrobnn.infer.core.potential import FlatPotential
-from pyrobnn.models.infinite_width import Erf, InfiniteWidthMLP, InputScaling, OutputMean
+from pyrobnn.models.infinite_width import Cos, Erf, InfiniteWidthMLP, InputScaling, OutputMean
 
 if native.build_info()["compiler"] is None:
     if os.environ.get("PYROBNN_REQUIRE_NATIVE") == "1":  # .ci/run sets it: CI must run these tests
@@ -50,7 +50,7 @@ def likelihoods(n):
     ]
 
 
-@pytest.mark.parametrize("activation", ["tanh", "relu", "gelu", "sigmoid", Erf], ids=["tanh", "relu", "gelu", "sigmoid", "erf"])
+@pytest.mark.parametrize("activation", ["tanh", "relu", "gelu", "sigmoid", Erf, Cos], ids=["tanh", "relu", "gelu", "sigmoid", "erf", "cos"])
 @pytest.mark.parametrize("case", range(10))
 def test_value_and_gradient_are_autograds(activation, case):
     n = 37
@@ -93,7 +93,7 @@ def calibrated_stack(activation, outputs=1, mean=(0.7,)):
     return limit.bayesian_model(pyrobnn.GaussianLikelihood(scale=0.3), outputs, width=7).eval()
 
 
-@pytest.mark.parametrize("activation", ["erf", "relu"])
+@pytest.mark.parametrize("activation", ["erf", "relu", "cos"])
 @pytest.mark.parametrize("mean", [(0.7,), (0.7, -1.5)], ids=["one offset", "one per output"])
 def test_a_fixed_input_map_and_output_offset_are_the_networks(activation, mean):
     """The input map and the offset are applied as the network applies them: value and gradient

@@ -81,7 +81,7 @@ from pyrobnn import methods
 from pyrobnn.infer.modes.laplace import LaplacePosterior, function_space_posterior, linearized_outputs, parameter_jacobians
 from pyrobnn.infer.results.protocol import Result
 from pyrobnn.models import BayesianModel
-from pyrobnn.integrations.infinite_width_gp import calibration_fit, finite_model
+from pyrobnn.integrations.infinite_width_gp import calibration_fit, checked_activations, finite_model
 from pyrobnn.models.functional import call_with_weights
 from pyrobnn.models.infinite_width import InfiniteWidthMLP, infinite_width_of
 from pyrobnn.models.likelihoods import GaussianLikelihood, HeteroscedasticGaussianLikelihood
@@ -133,6 +133,8 @@ class SurrogateFit:
     #: a default surrogate's last calibration (:func:`calibration_fit`), which its warm refit's
     #: calibration starts from
     calibration: object = None
+    #: the activations a default surrogate's calibration chooses among (``None``: its method's default)
+    activations: Optional[tuple] = None
 
 
 # -- the models -----------------------------------------------------------------------------------
@@ -532,10 +534,10 @@ class BNNSurrogate(PosteriorSurrogate):
     # arguments name them
     def __init__(self, train_X, train_Y, train_Yvar=None, input_transform=None, outcome_transform="standardize", *,
                  method: str = "deep_ensemble", model=None, options=None, num_samples: int = 32, seed: int = 0,
-                 warm_fraction: float = 0.25):
+                 warm_fraction: float = 0.25, activations=None):
         EnsembleModel.__init__(self)
         record = _record(train_X, train_Y, method, model, options, num_samples, seed, input_transform, outcome_transform,
-                         warm_fraction, "samples")
+                         warm_fraction, "samples", activations)
         self.fit_record = record
         self.model = record.model
         self.result = None
@@ -597,6 +599,7 @@ def fit_surrogate(
     outcome_transform="standardize",
     warm_fraction: float = 0.25,
     laplace_form: str = "joint",
+    activations=None,
 ):
     """Fit a BNN surrogate to ``(train_X, train_Y)`` with ``method`` and return it as a BoTorch model.
 
@@ -624,17 +627,28 @@ def fit_surrogate(
     :param laplace_form: for ``method="laplace"``: ``"joint"`` (a :class:`LaplaceSurrogate`,
         Gaussian with the joint covariance) or ``"samples"`` (a :class:`PosteriorSurrogate` over
         the linearized predictive at the result's draws).
+    :param activations: for the default model of a method whose ``MethodSpec.bo_limit_network``
+        is set: the activations its calibration chooses among (default
+        :data:`~pyrobnn.integrations.infinite_width_gp.DEFAULT_ACTIVATIONS`, erf and ReLU), e.g.
+        ``("erf", "relu", "cos")`` to offer the cosine network, whose prior is stationary.
     """
     record = _record(train_X, train_Y, method, model, options, num_samples, seed, input_transform, outcome_transform,
-                     warm_fraction, laplace_form)
+                     warm_fraction, laplace_form, activations)
     return _fit(record, record.train_X, record.train_Y, previous=None)
 
 
 def _record(train_X, train_Y, method, model, options, num_samples, seed, input_transform, outcome_transform,
-            warm_fraction, laplace_form) -> SurrogateFit:
+            warm_fraction, laplace_form, activations=None) -> SurrogateFit:
     """Check a surrogate's arguments and gather them (the model built, the options merged)."""
     if method not in methods.METHODS:
         raise ValueError(f"method must be one of {list(methods.METHODS)}, got {method!r}")
+    if activations is not None:
+        if model is not None:
+            raise ValueError("activations choose the default model's network; with a model given there is none to choose")
+        if not methods.spec(method).bo_limit_network:
+            raise ValueError(f"activations: the default surrogate of {method!r} is an erf network (its MethodSpec.bo_limit_network "
+                             "is false), whose activation the calibration does not choose")
+        activations = checked_activations(activations)
     if laplace_form not in ("joint", "samples"):
         raise ValueError(f"laplace_form must be 'joint' or 'samples', got {laplace_form!r}")
     if not 0.0 < float(warm_fraction) <= 1.0:
@@ -659,7 +673,7 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
     if "progress" in _parameters(method):
         merged.setdefault("progress", False)
     return SurrogateFit(method, model, merged, num_samples, seed, float(warm_fraction), laplace_form, train_X, train_Y,
-                        input_transform, outcome_transform, calibrate=calibrate)
+                        input_transform, outcome_transform, calibrate=calibrate, activations=activations)
 
 
 def _parameters(method) -> tuple:
@@ -696,7 +710,7 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
     method = methods.spec(record.method)
     calibration = None
     if record.calibrate:  # the prior and noise chosen by these data (empirical Bayes), at every fit
-        activation = {} if method.bo_limit_network else dict(activation="erf")
+        activation = dict(activation="erf") if not method.bo_limit_network else {} if record.activations is None else dict(activation=record.activations)
         from_previous = previous is not None and method.warm_start is not None and record.calibration is not None
         calibration = calibration_fit(x, y, depth=infinite_width_of(record.model).depth, **activation,
                                       warm_start=record.calibration if from_previous else None)

@@ -24,7 +24,19 @@ where the expectation is over the bivariate Gaussian with the layer's covariance
   (Williams 1997, "Computing with infinite networks"); erf is a smooth, tanh-like activation;
 - ``"relu"``: :math:`\frac{\sqrt{K(x,x)K(x',x')}}{2\pi}(\sin\theta + (\pi - \theta)\cos\theta)`,
   :math:`\cos\theta = K(x,x')/\sqrt{K(x,x)K(x',x')}` (the arc-cosine kernel of degree 1, Cho &
-  Saul 2009).
+  Saul 2009);
+- ``"cos"``: :math:`\tfrac12\big(e^{-(K(x,x) + K(x',x') - 2K(x,x'))/2} + e^{-(K(x,x) + K(x',x') +
+  2K(x,x'))/2}\big)`, from :math:`\cos u \cos v = \tfrac12(\cos(u - v) + \cos(u + v))` and
+  :math:`\mathbb E \cos w = e^{-\mathrm{Var}\,w/2}` for a centred Gaussian :math:`w`. In the first
+  layer the biases cancel from the first term, which is :math:`e^{-\sigma_{w,1}^2 |z - z'|^2 /
+  (2d)}`: a squared-exponential kernel of the inputs' distance, the same everywhere in the input
+  space (stationary), as a GP's usual kernels are; the second term is at most
+  :math:`e^{-2\sigma_{b,1}^2}`, so with wide first-layer biases (:data:`COS_PHASE_SCALE`) the
+  first layer is random Fourier features (Rahimi & Recht 2007, "Random features for large-scale
+  kernel machines", with Gaussian rather than uniform phases) and every later layer, whose
+  inputs' covariance then depends on :math:`z - z'` alone, stays stationary. The erf and ReLU
+  kernels are not: their variance and correlations depend on where the inputs are, not only on
+  how far apart.
 
 A fixed constant added to the outputs (:class:`OutputMean`, :math:`f(x) = h_{L+1}(x) + \mu`) makes
 the limit :math:`GP(\mu, K_{L+1})`: a GP with a constant mean is the limit of a network with that
@@ -50,10 +62,15 @@ from torch import nn
 
 from pyrobnn.models.priors import NormalPrior
 
-__all__ = ["Erf", "InputScaling", "OutputMean", "InfiniteWidthMLP", "nngp_covariance", "activation_expectation", "infinite_width_of", "ACTIVATIONS"]
+__all__ = ["Erf", "Cos", "InputScaling", "OutputMean", "InfiniteWidthMLP", "nngp_covariance", "activation_expectation", "infinite_width_of",
+           "ACTIVATIONS", "COS_PHASE_SCALE"]
 
 #: the activations whose infinite-width expectation has a closed form here
-ACTIVATIONS = ("erf", "relu")
+ACTIVATIONS = ("erf", "relu", "cos")
+#: the scale of the first layer's biases that makes a network of cosine units stationary: the
+#: kernel's non-stationary term is at most :math:`e^{-2\pi^2} = 2.7 \times 10^{-9}` of its
+#: variance (module docstring)
+COS_PHASE_SCALE = math.pi
 
 #: how close to +-1 the erf kernel's correlation may come before arcsin, whose derivative is
 #: infinite there (its correlation is below 1 by construction; the guard is for rounding)
@@ -87,6 +104,14 @@ class Erf(nn.Module):
 
     def forward(self, x):
         return torch.erf(x)
+
+
+class Cos(nn.Module):
+    """The cosine as an activation: behind wide first-layer biases, random Fourier features, whose
+    infinite-width kernel is stationary (module docstring)."""
+
+    def forward(self, x):
+        return torch.cos(x)
 
 
 class InputScaling(nn.Module):
@@ -141,6 +166,10 @@ def activation_expectation(activation: str, kxx, kxy, kyy):
     if activation == "relu":
         norms = torch.sqrt(kxx * kyy)
         return norms * _ArcCosine.apply(kxy / norms) / (2 * math.pi)
+    if activation == "cos":
+        # both variances are >= 0 (Cauchy-Schwarz); the clamp is for rounding at u = v
+        total = kxx + kyy
+        return 0.5 * (torch.exp(-(total - 2 * kxy).clamp_min(0) / 2) + torch.exp(-(total + 2 * kxy).clamp_min(0) / 2))
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
@@ -224,7 +253,7 @@ class InfiniteWidthMLP:
         """The finite network: ``InputScaling, Linear, act, ..., Linear`` (then ``OutputMean``
         where there is an output mean) with ``width`` units per hidden layer (parameters on the
         default device, in the default dtype, as ``nn.Linear``'s)."""
-        act = {"erf": Erf, "relu": nn.ReLU}[self.activation]
+        act = {"erf": Erf, "relu": nn.ReLU, "cos": Cos}[self.activation]
         d = self.input_center.numel()
         layers, fan_in = [InputScaling(self.input_center, self.input_scale)], d
         for _ in range(self.depth):
@@ -258,8 +287,8 @@ class InfiniteWidthMLP:
 
 def infinite_width_of(model) -> InfiniteWidthMLP:
     """The :class:`InfiniteWidthMLP` of a :class:`~pyrobnn.models.BayesianModel` whose network is
-    an ``nn.Sequential`` of an optional :class:`InputScaling`, then ``Linear``, activation (``Erf``
-    or ``nn.ReLU``), ..., ``Linear``, then an optional :class:`OutputMean`, every weight and bias random under a
+    an ``nn.Sequential`` of an optional :class:`InputScaling`, then ``Linear``, activation (``Erf``,
+    ``nn.ReLU`` or ``Cos``), ..., ``Linear``, then an optional :class:`OutputMean`, every weight and bias random under a
     :class:`~pyrobnn.models.priors.NormalPrior` (weights scaled by fan-in). Anything else is
     refused by name: its infinite-width limit is not this kernel."""
     net = model.net
@@ -277,7 +306,8 @@ def infinite_width_of(model) -> InfiniteWidthMLP:
     if not linears or not all(isinstance(m, nn.Linear) for _, m in linears) or len(linears) != len(activations) + 1:
         raise ValueError("the infinite-width kernel needs Linear layers with one activation between each two: "
                          f"got {[type(m).__name__ for _, m in modules]}")
-    kinds = {"erf" if isinstance(a, Erf) else "relu" if isinstance(a, nn.ReLU) else type(a).__name__ for a in activations}
+    names = {Erf: "erf", nn.ReLU: "relu", Cos: "cos"}
+    kinds = {next((name for kind, name in names.items() if isinstance(a, kind)), type(a).__name__) for a in activations}
     if len(kinds) != 1 or not kinds <= set(ACTIVATIONS):
         raise ValueError(f"the infinite-width kernel has a closed form for one of {ACTIVATIONS} activations throughout, got {sorted(kinds)}")
     weight_scales, bias_scales = [], []

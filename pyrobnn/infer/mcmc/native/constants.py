@@ -11,7 +11,7 @@ from torch import nn
 
 from pyrobnn.infer.core.integrators import MAX_DELTA_ENERGY, MCLACHLAN_B1
 from pyrobnn.models import rational_tanh
-from pyrobnn.models.infinite_width import Erf
+from pyrobnn.models.infinite_width import Cos, Erf
 from pyrobnn.models.likelihoods import NATIVE_KINDS
 
 __all__ = ["ACTIVATIONS", "LIKELIHOODS", "NOISE_PRIORS", "header", "HEADER_NAME"]
@@ -19,7 +19,7 @@ __all__ = ["ACTIVATIONS", "LIKELIHOODS", "NOISE_PRIORS", "header", "HEADER_NAME"
 HEADER_NAME = "pyrobnn_constants.h"
 #: activation module -> (code, C++ name); code 0 is the identity
 ACTIVATIONS = {nn.Identity: (0, "ACT_IDENTITY"), nn.Tanh: (1, "ACT_TANH"), nn.ReLU: (2, "ACT_RELU"), nn.GELU: (3, "ACT_GELU"),
-               nn.Sigmoid: (4, "ACT_SIGMOID"), Erf: (5, "ACT_ERF")}
+               nn.Sigmoid: (4, "ACT_SIGMOID"), Erf: (5, "ACT_ERF"), Cos: (6, "ACT_COS")}
 #: a likelihood's native kind (:data:`pyrobnn.models.likelihoods.NATIVE_KINDS`) -> code
 LIKELIHOODS = {kind: code for code, kind in enumerate(NATIVE_KINDS)}
 #: the noise-scale priors the kernels take, by class name -> code

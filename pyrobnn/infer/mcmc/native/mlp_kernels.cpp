@@ -108,6 +108,9 @@ void activate(int64_t act, const T* a, T* h, int64_t n) {
         case ACT_ERF:
             for (int64_t i = 0; i < n; ++i) h[i] = std::erf(a[i]);
             break;
+        case ACT_COS:
+            for (int64_t i = 0; i < n; ++i) h[i] = std::cos(a[i]);
+            break;
         default:
             std::memcpy(h, a, sizeof(T) * n);
     }
@@ -138,6 +141,9 @@ void times_derivative(int64_t act, const T* a, const T* h, T* delta, int64_t n) 
             break;
         case ACT_ERF:  // erf'(a) = 2 / sqrt(pi) exp(-a^2)
             for (int64_t i = 0; i < n; ++i) delta[i] *= T(1.12837916709551257390) * std::exp(-a[i] * a[i]);
+            break;
+        case ACT_COS:  // cos'(a) = -sin(a)
+            for (int64_t i = 0; i < n; ++i) delta[i] *= -std::sin(a[i]);
             break;
         default:
             break;
