@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bo_problems  # noqa: E402  (the test problems, shared with bo_calibration.py)
+from pyrobnn.models.infinite_width import ACTIVATIONS  # noqa: E402
 
 #: 6 Sobol points and 8 rounds of q = 2 (22 evaluations), 3 seeds: the smallest budget at which
 #: the GP's median regret is ahead of random search's on both problems (at 16 evaluations and two
@@ -81,6 +82,14 @@ OPTIONS = {
         "swag": dict(),
     },
 }
+
+
+#: other forms of the Laplace surrogate, screened beside its default by ``bo_boundary.py`` and
+#: ``bo_calibration.py`` (cold fits only; the regret runs take the default): the last layer alone,
+#: the calibrated model's prior precisions as they are (untuned), and the network itself at the
+#: posterior's weight draws (laplace-torch's "nn" predictive, a ``PosteriorSurrogate`` of the
+#: result) instead of its linearization around the MAP
+LAPLACE_FORMS = {"laplace:last_layer": dict(subset="last_layer"), "laplace:untuned": dict(tune_prior=False), "laplace:network": {}}
 
 
 def problem(name):
@@ -133,15 +142,39 @@ def fit_model(method, X, Y, seed, settings, budget, previous=None):
     if method == "infinite_width":
         from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
 
-        return infinite_width_gp(X, Y, warm_start=previous)
+        if previous is not None:  # its activations are the previous fit's
+            return infinite_width_gp(X, Y, warm_start=previous)
+        return infinite_width_gp(X, Y, activation=settings.get("activations"))
     if method == "laplace_bayesopt":
         return laplace_bayesopt_model(X, Y)
+    if method in LAPLACE_FORMS:
+        return laplace_form_model(method, X, Y, seed, settings, budget, previous)
     if previous is None:
+        from pyrobnn import methods
         from pyrobnn.integrations.botorch import fit_surrogate
 
-        return fit_surrogate(X, Y, method, options=OPTIONS[budget][method], num_samples=settings["num_samples"], seed=seed)
+        # the activations offered to the calibration of a network that takes its limit's (Laplace's is erf)
+        activations = settings.get("activations") if methods.spec(method).bo_limit_network else None
+        return fit_surrogate(X, Y, method, options=OPTIONS[budget][method], num_samples=settings["num_samples"], seed=seed,
+                             activations=activations)
     seen = previous.fit_record.train_X.shape[0]
     return previous.refit(X[seen:], Y[seen:], warm=True)
+
+
+def laplace_form_model(form, X, Y, seed, settings, budget, previous=None):
+    """The Laplace surrogate in one of :data:`LAPLACE_FORMS`, fitted cold as ``fit_model`` fits
+    ``"laplace"`` with the form's options."""
+    from pyrobnn.integrations.botorch import PosteriorSurrogate, fit_surrogate
+
+    if previous is not None:
+        raise ValueError(f"{form} is screened on cold fits only; the regret runs take 'laplace'")
+    network = form == "laplace:network"
+    options = {**OPTIONS[budget]["laplace"], **LAPLACE_FORMS[form]}
+    model = fit_surrogate(X, Y, "laplace", options=options, num_samples=settings["num_samples"], seed=seed,
+                          laplace_form="samples" if network else "joint")
+    if not network:
+        return model
+    return PosteriorSurrogate(model.result, X, Y, num_samples=settings["num_samples"], seed=seed, outcome_transform=model.outcome_transform)
 
 
 def next_batch(model, X, settings, prune_baseline=True):
@@ -208,7 +241,7 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
         from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
 
         t0 = time.perf_counter()
-        infinite_width_gp(*last_warm_data)
+        infinite_width_gp(*last_warm_data, activation=settings.get("activations"))
         cold_same_data = time.perf_counter() - t0
     regret = [max(best_possible - b, 1e-12) for b in best]
     return dict(
@@ -272,6 +305,10 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per run (default: the cores over --jobs; 1 where other work shares the machine)")
     parser.add_argument("--raw-samples", type=int, default=None, help="optimize_acqf's raw_samples (default: the budget's)")
+    parser.add_argument("--activations", nargs="+", default=None, choices=ACTIVATIONS,
+                        help="the activations the infinite-width GP's fit and the surrogates' calibrations choose among, for every "
+                             "surrogate whose network is its limit's (all but Laplace, an erf network); default: the library's, erf "
+                             "and relu")
     parser.add_argument("--out", default=None, help="folder for bayesopt_runs.json and the regret plots")
     parser.add_argument("--results", default=None, help="a results file (docs/results.json) to record the median regrets in")
     parser.add_argument("--from-runs", nargs="+", default=None,
@@ -301,6 +338,8 @@ def main(argv=None):
             settings[key] = getattr(args, key)
     if args.raw_samples is not None:
         settings["raw_samples"] = args.raw_samples
+    if args.activations is not None:
+        settings["activations"] = list(dict.fromkeys(args.activations))
     settings["first_seed"] = args.first_seed
     seeds = range(args.first_seed, args.first_seed + settings["seeds"])
     pyrobnn_methods = [m for m in args.methods if m not in BASELINES]  # those with a warm refit

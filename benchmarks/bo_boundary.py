@@ -12,7 +12,17 @@ coordinates within ``1e-3`` of a bound (0 for points inside the cube, 1 for corn
 candidate's largest distance from the centre in any coordinate (``L_inf``; 0.5 on a face), the
 objective at the candidates and whether any beats the best observation. Most of these objectives
 are worst at the corners, so a surrogate whose candidates sit there spends its evaluations where
-random search's rarely go. The last line is one JSON object.
+random search's rarely go.
+
+Why the candidates go where they go, read at the cube's corners (all ``2^d`` where there are at
+most :data:`CORNERS`, else that many drawn under the design's seed), in units of the design's
+outcomes (its mean and standard deviation): the spread of the surrogate's posterior mean across
+the corners (a GP's mean reverts to its constant far from the data; a single trained network's
+carries whatever it extrapolates) and the largest upper bound, mean plus two posterior standard
+deviations, against the best observation. The surrogates are ``--methods`` of ``gp``,
+``infinite_width``, ``bayesopt.py``'s pyrobnn methods and the Laplace surrogate's other forms
+(``bayesopt.LAPLACE_FORMS``: ``laplace:last_layer``, ``laplace:untuned``, ``laplace:network``).
+The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from bo_problems import DEVELOPMENT, HELD_OUT, problem, single_objective  # noqa
 
 #: a coordinate this close to 0 or 1 lies on the boundary
 ON_BOUND = 1e-3
+#: the most corners at which the surrogate's posterior is read
+CORNERS = 64
 FULL = dict(problems=DEVELOPMENT + HELD_OUT, designs=3, n=26,
             methods=["gp", "infinite_width", "nuts", "mclmc", "deep_ensemble", "laplace", "ivon", "swag"])
 QUICK = dict(problems=["hartmann6"], designs=1, n=12, methods=["gp", "infinite_width", "laplace"])
@@ -52,19 +64,47 @@ def step(name, method, design, n, budget):
     candidates = bayesopt.next_batch(model, X, settings)
     values = p.f(candidates).squeeze(-1)
     on_bound = ((candidates < ON_BOUND) | (candidates > 1 - ON_BOUND)).to(torch.float64)
+    mean, sd = corner_posterior(model, corners(p.d, design), Y)
     return dict(problem=name, method=method, design=design, n=n, on_bound=float(on_bound.mean()),
                 l_inf=[round(float(v), 4) for v in (candidates - 0.5).abs().amax(-1)],
-                values=[float(v) for v in values], best_observed=float(Y.max()), improves=bool(values.max() > Y.max()))
+                values=[float(v) for v in values], best_observed=float(Y.max()), improves=bool(values.max() > Y.max()),
+                corner_mean=[round(float(v), 4) for v in mean], corner_sd=[round(float(v), 4) for v in sd],
+                best_observed_standardized=float((Y.max() - Y.mean()) / Y.std()))
+
+
+def corners(d, design):
+    """The cube's ``2^d`` corners where ``2^d <= CORNERS``, else ``CORNERS`` of them drawn under ``design``."""
+    if 2**d <= CORNERS:
+        return torch.cartesian_prod(*[torch.tensor([0.0, 1.0], dtype=torch.float64)] * d).reshape(-1, d)
+    g = torch.Generator(device="cpu").manual_seed(design)
+    return torch.randint(0, 2, (CORNERS, d), generator=g, device="cpu").to(torch.float64)
+
+
+def corner_posterior(model, points, Y):
+    """The model's posterior mean and standard deviation of the function (no observation noise)
+    at each of ``points`` alone, in units of ``Y`` standardized by its mean and standard deviation."""
+    with torch.no_grad():
+        posterior = model.posterior(points.unsqueeze(-2))
+    return (posterior.mean.reshape(-1) - Y.mean()) / Y.std(), posterior.variance.reshape(-1).sqrt() / Y.std()
 
 
 def summarize(records):
-    """Per problem and surrogate: the mean fraction of coordinates on the boundary and the number
-    of designs whose batch improved on the best observation."""
+    """Per problem and surrogate, over designs: the mean fraction of coordinates on the boundary,
+    the number of designs whose batch improved on the best observation, the mean spread (standard
+    deviation) of the posterior mean across the corners and the mean excess of the corners'
+    largest upper bound over the best observation (standardized units)."""
     out = {}
     for r in records:
         out.setdefault(r["problem"], {}).setdefault(r["method"], []).append(r)
-    return {p: {m: dict(on_bound=round(statistics.fmean(r["on_bound"] for r in rs), 3), improved=sum(r["improves"] for r in rs), designs=len(rs))
+    return {p: {m: dict(on_bound=round(statistics.fmean(r["on_bound"] for r in rs), 3), improved=sum(r["improves"] for r in rs), designs=len(rs),
+                        corner_mean_spread=round(statistics.fmean(statistics.pstdev(r["corner_mean"]) for r in rs), 3),
+                        corner_bound_over_best=round(statistics.fmean(upper_bound(r) - r["best_observed_standardized"] for r in rs), 3))
                 for m, rs in by.items()} for p, by in out.items()}
+
+
+def upper_bound(record):
+    """The largest posterior mean plus two standard deviations over the record's corners."""
+    return max(m + 2 * s for m, s in zip(record["corner_mean"], record["corner_sd"]))
 
 
 def main(argv=None):
@@ -86,9 +126,10 @@ def main(argv=None):
     if any(p not in known for p in problems):
         parser.error(f"--problems: {[p for p in problems if p not in known]} are not single-objective problems of bo_problems.py; "
                      f"choose from {' '.join(known)}")
-    unknown = sorted(set(methods) - set(bayesopt.METHODS) - {"gp", "infinite_width"}) + sorted({"random", "laplace_bayesopt"} & set(methods))
+    surrogates = ["gp", "infinite_width", *bayesopt.OPTIONS["full"], *bayesopt.LAPLACE_FORMS]
+    unknown = [m for m in methods if m not in surrogates]
     if unknown:
-        parser.error(f"--methods: {unknown} not surrogates here; choose from gp infinite_width {' '.join(bayesopt.OPTIONS['full'])}")
+        parser.error(f"--methods: {unknown} not surrogates here; choose from {' '.join(surrogates)}")
     budget = "quick" if args.quick else "full"
     warnings.filterwarnings("ignore", category=UserWarning)
     records = []
@@ -97,8 +138,10 @@ def main(argv=None):
             for method in methods:
                 r = step(name, method, design, n, budget)
                 records.append(r)
-                print(f"{name:17s} design {design} {method:14s} on the boundary {r['on_bound']:.2f}  L_inf {r['l_inf']}  "
-                      f"f {[round(v, 2) for v in r['values']]}  best observed {r['best_observed']:.2f}", flush=True)
+                print(f"{name:17s} design {design} {method:18s} on the boundary {r['on_bound']:.2f}  L_inf {r['l_inf']}  "
+                      f"f {[round(v, 2) for v in r['values']]}  best observed {r['best_observed']:.2f}  corners: mean spread "
+                      f"{statistics.pstdev(r['corner_mean']):.2f}, largest mean + 2 sd {upper_bound(r):.2f} against the best's "
+                      f"{r['best_observed_standardized']:.2f}", flush=True)
     print(json.dumps(dict(settings=dict(problems=problems, methods=methods, designs=designs, n=n, budget=budget),
                           records=records, summary=summarize(records))))
 

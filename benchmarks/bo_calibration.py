@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bo_problems  # noqa: E402
-from bayesopt import OPTIONS  # noqa: E402  (the BO benchmark's options per method and budget)
+import bayesopt  # noqa: E402  (the BO benchmark's surrogates, fitted with its options per method and budget)
 from bo_problems import DEVELOPMENT, HELD_OUT, REGIMES  # noqa: E402
 
 N_TEST = 500
@@ -59,22 +59,12 @@ def problem(name):
     return p.f, p.d
 
 
-def fit(method, X, Y, budget, num_samples, seed):
-    if method == "gp":
-        from botorch.fit import fit_gpytorch_mll
-        from botorch.models import SingleTaskGP
-        from gpytorch.mlls import ExactMarginalLogLikelihood
-
-        model = SingleTaskGP(X, Y)
-        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
-        return model
-    if method == "infinite_width":
-        from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
-
-        return infinite_width_gp(X, Y)
-    from pyrobnn.integrations.botorch import fit_surrogate
-
-    return fit_surrogate(X, Y, method, options=OPTIONS[budget][method], num_samples=num_samples, seed=seed)
+def fit(method, X, Y, budget, num_samples, seed, activations=None):
+    """The surrogate ``method`` fitted to ``(X, Y)`` as the BO benchmark's first step fits it
+    (``bayesopt.fit_model``: the GP, the infinite-width GP, a pyrobnn method with its options at
+    the budget, or a form of the Laplace surrogate of ``bayesopt.LAPLACE_FORMS``), its calibration
+    choosing among ``activations`` (default: the library's)."""
+    return bayesopt.fit_model(method, X, Y, seed, dict(num_samples=num_samples, activations=activations), budget)
 
 
 def scores(model, X_test, Y_test, mu, sd):
@@ -107,7 +97,7 @@ def run(settings, budget):
                     torch.manual_seed(seed)
                     start = time.perf_counter()
                     try:
-                        model = fit(method, X, Y, budget, settings["num_samples"], seed)
+                        model = fit(method, X, Y, budget, settings["num_samples"], seed, settings.get("activations"))
                         nll, coverage = scores(model, X_test, Y_test, mu, sd)
                         error = None
                     except Exception as e:  # a surrogate that fails here is reported, not hidden
@@ -164,9 +154,12 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="+")
     parser.add_argument("--sizes", nargs="+", type=int)
     parser.add_argument("--seeds", type=int)
+    parser.add_argument("--activations", nargs="+", choices=bayesopt.ACTIVATIONS,
+                        help="the activations the infinite-width GP's fit and the surrogates' calibrations choose among "
+                             "(bayesopt.py's --activations); default: the library's, erf and relu")
     args = parser.parse_args(argv)
     settings = dict(QUICK if args.quick else FULL)
-    for key in ("problems", "methods", "sizes", "seeds"):
+    for key in ("problems", "methods", "sizes", "seeds", "activations"):
         if getattr(args, key):
             settings[key] = getattr(args, key)
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -97,19 +97,27 @@ def test_bo_blas_threads_benchmark_fits_the_same_gp_either_way(run_command):
 
 
 def test_bo_boundary_benchmark_reports_where_each_acquisition_sends_its_candidates(run_command):
-    """benchmarks/bo_boundary.py --quick: one design of Hartmann-6, three surrogates; each record's
-    fraction of coordinates on the boundary is the one its candidates' largest distances from the
-    centre allow (a candidate with L_inf below 0.5 - 1e-3 has no coordinate on a bound, so the
-    fraction is at most the share of candidates on a face), and the summary counts what the
-    records hold."""
-    stdout = run_command([sys.executable, os.path.join(ROOT, "benchmarks", "bo_boundary.py"), "--quick"])
+    """benchmarks/bo_boundary.py --quick with a form of the Laplace surrogate added: one design of
+    Hartmann-6; each record's fraction of coordinates on the boundary is the one its candidates'
+    largest distances from the centre allow (a candidate with L_inf below 0.5 - 1e-3 has no
+    coordinate on a bound, so the fraction is at most the share of candidates on a face), the
+    posterior is read at all 2^6 corners, and the summary is what the records hold."""
+    import statistics
+
+    stdout = run_command([sys.executable, os.path.join(ROOT, "benchmarks", "bo_boundary.py"), "--quick", "--methods", "gp",
+                          "infinite_width", "laplace", "laplace:last_layer"])
     report = json.loads(stdout.strip().splitlines()[-1])
-    assert [r["method"] for r in report["records"]] == ["gp", "infinite_width", "laplace"]
+    assert [r["method"] for r in report["records"]] == ["gp", "infinite_width", "laplace", "laplace:last_layer"]
     for r in report["records"]:
         on_a_face = sum(v > 0.5 - 1e-3 for v in r["l_inf"]) / len(r["l_inf"])
         assert 0.0 <= r["on_bound"] <= on_a_face <= 1.0
         assert r["improves"] == (max(r["values"]) > r["best_observed"])
-        assert report["summary"]["hartmann6"][r["method"]] == dict(on_bound=round(r["on_bound"], 3), improved=int(r["improves"]), designs=1)
+        assert len(r["corner_mean"]) == len(r["corner_sd"]) == 64 and min(r["corner_sd"]) >= 0.0
+        assert r["best_observed_standardized"] > 0.0  # the largest of standardized outcomes
+        bound = max(m + 2 * s for m, s in zip(r["corner_mean"], r["corner_sd"]))
+        assert report["summary"]["hartmann6"][r["method"]] == dict(
+            on_bound=round(r["on_bound"], 3), improved=int(r["improves"]), designs=1, corner_mean_spread=round(statistics.pstdev(r["corner_mean"]), 3),
+            corner_bound_over_best=round(bound - r["best_observed_standardized"], 3))
 
 
 def test_bo_step_cost_benchmark_times_every_surrogate_beside_the_gp(run_command):
@@ -176,3 +184,27 @@ def test_bayesopt_pairs_each_run_with_random_search_in_its_seed():
     runs.append(run("gp", 9, -5.0))  # no random-search run in seed 9: not paired
     paired = bench.against_random_by_seed(runs, dict(problems=["branin"]), ["random", "gp"])
     assert paired == {"branin": {"gp": dict(better=2, worse=1, ties=1, sign_test_p=1.0)}}
+
+
+def test_the_benchmarks_activations_reach_the_infinite_width_gp_and_the_networks_calibration():
+    """``--activations`` (a setting of bayesopt.py and bo_calibration.py): ``fit_model`` hands it
+    to the infinite-width GP's cold fit and to the calibration of a surrogate whose network is its
+    limit's, and not to Laplace's erf network; without it the library's default choice is made."""
+    import importlib.util
+
+    from torch.quasirandom import SobolEngine
+
+    from pyrobnn.models.infinite_width import infinite_width_of
+
+    spec = importlib.util.spec_from_file_location("bayesopt_benchmark", os.path.join(ROOT, "benchmarks", "bayesopt.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    X = SobolEngine(2, scramble=True, seed=0).draw(10).double()
+    Y = (X - 0.3).pow(2).sum(-1, keepdim=True)
+    cos = dict(num_samples=4, activations=["cos"])
+    assert bench.fit_model("infinite_width", X, Y, 0, cos, "quick").covar_module.activation == "cos"
+    assert {a for a, _ in bench.fit_model("infinite_width", X, Y, 0, dict(num_samples=4), "quick").infinite_width_fits} == {"erf", "relu"}
+    ensemble = bench.fit_model("deep_ensemble", X, Y, 0, cos, "quick")
+    assert infinite_width_of(ensemble.result.model).activation == "cos"
+    laplace = bench.fit_model("laplace", X, Y, 0, cos, "quick")
+    assert infinite_width_of(laplace.result.model).activation == "erf"
