@@ -6,7 +6,8 @@ model is given, its prior is chosen by the data at every fit: the scales and noi
 the marginal likelihood of the network's infinite-width limit
 (:func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model`), and for the methods whose
 ``MethodSpec.bo_limit_network`` is set (NUTS, MCLMC, the deep ensemble, SWAG, IVON) the limit's whole network: the
-activation its fit chose (erf or ReLU) and its constant mean as an output offset. The surrogates:
+activation its fit chose (erf or ReLU, or among ``activations``: the stationary cosine network on
+request) and its constant mean as an output offset. The surrogates:
 
 - :class:`PosteriorSurrogate` (every method): BoTorch's ``EnsembleModel`` over ``S`` weight
   draws of the result, :math:`f_s(x) = f(x, w_s)`. Each member is one whole function (the same
@@ -612,7 +613,8 @@ def fit_surrogate(
         the (transformed) training data, a ``d-50-50-m`` network whose prior scales and noise
         are fitted by the marginal likelihood of its infinite-width limit (the shape of
         :func:`default_model`), and for a method whose ``MethodSpec.bo_limit_network`` is set,
-        its activation (erf or ReLU) and output mean too; otherwise erf. Its dtype is the
+        its activation (erf or ReLU, or one of ``activations``) and output mean too; otherwise
+        erf. Its dtype is the
         surrogate's working precision.
     :param options: the method's options, merged over its ``bo_options``
         (:class:`~pyrobnn.methods.MethodSpec`).
@@ -710,7 +712,10 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
     method = methods.spec(record.method)
     calibration = None
     if record.calibrate:  # the prior and noise chosen by these data (empirical Bayes), at every fit
-        activation = dict(activation="erf") if not method.bo_limit_network else {} if record.activations is None else dict(activation=record.activations)
+        if not method.bo_limit_network:
+            activation = dict(activation="erf")
+        else:  # the limit's network: the activation the calibration chooses, among the default's or the record's
+            activation = {} if record.activations is None else dict(activation=record.activations)
         from_previous = previous is not None and method.warm_start is not None and record.calibration is not None
         calibration = calibration_fit(x, y, depth=infinite_width_of(record.model).depth, **activation,
                                       warm_start=record.calibration if from_previous else None)

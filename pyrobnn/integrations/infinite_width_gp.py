@@ -7,8 +7,9 @@ feature, ARD, or one shared), the biases' scale, the hidden weights' scale and t
 scale. :func:`infinite_width_gp` fits it by BoTorch's exact marginal likelihood
 (``fit_gpytorch_mll``, maximum a posteriori under weak hyperpriors, from several starts: the
 posterior over the scales has a mode that calls the data noise), and chooses the activation (erf
-or ReLU by default; a cosine network, whose kernel is stationary, on request) by the same objective and, below 10 points per feature, one input scale per feature or
-one shared by that objective less Schwarz's penalty for the extra scales, in a
+or ReLU by default; a cosine network, whose kernel is stationary, on request) by the same
+objective and, below 10 points per feature, one input scale per feature or one shared by that
+objective less Schwarz's penalty for the extra scales, in a
 ``SingleTaskGP``: a surrogate with a BNN's prior and exact inference (Li et al. 2024 find the
 infinite-width BNN strong in high dimensions; BoTorch's ``InfiniteWidthBNNKernel`` is the ReLU
 one with fixed scales).
@@ -50,8 +51,8 @@ try:
 except ImportError as error:  # pragma: no cover - the optional extra is missing
     raise ImportError("pyrobnn.integrations.infinite_width_gp needs BoTorch: pip install 'pyrobnn[bo]'") from error
 
-__all__ = ["InfiniteWidthKernel", "infinite_width_gp", "calibrated_model", "calibration_fit", "finite_model", "ARD_POINTS_PER_FEATURE", "SCALE_BOUNDS", "SCALE_HYPERPRIOR",
-           "DEFAULT_ACTIVATIONS",
+__all__ = ["InfiniteWidthKernel", "infinite_width_gp", "calibrated_model", "calibration_fit", "finite_model", "checked_activations",
+           "ARD_POINTS_PER_FEATURE", "SCALE_BOUNDS", "SCALE_HYPERPRIOR", "DEFAULT_ACTIVATIONS",
            "FIT_STARTS", "FIT_START_NOISE", "WARM_START_NOISE_LIMIT"]
 
 #: one length scale per input feature (ARD) from this many training points per feature on. Below
@@ -127,10 +128,12 @@ def _scales_of(net: InfiniteWidthMLP) -> tuple:
 
 class InfiniteWidthKernel(Kernel):
     r"""The NNGP kernel of an MLP with ``depth`` hidden layers of ``activation`` (``"erf"``,
-    ``"relu"`` or ``"cos"``), hyperparameters the network's prior scales (each in :data:`SCALE_BOUNDS` under a
-    LogNormal hyperprior, :data:`SCALE_HYPERPRIOR`): ``input_scale``
+    ``"relu"`` or ``"cos"``), hyperparameters the network's prior scales (each in
+    :data:`SCALE_BOUNDS` under a LogNormal hyperprior, :data:`SCALE_HYPERPRIOR`): ``input_scale``
     :math:`s` (``(*batch, 1, d)`` with ``ard``, else ``(*batch, 1, 1)``), ``bias_scale``
-    :math:`\sigma_b` (every layer's), ``hidden_scale`` :math:`\sigma_w` (the weights between
+    :math:`\sigma_b` (every layer's; a cosine network's first layer has its phases at
+    :data:`~pyrobnn.models.infinite_width.COS_PHASE_SCALE` instead, which makes its kernel
+    stationary), ``hidden_scale`` :math:`\sigma_w` (the weights between
     hidden layers) and ``output_scale`` :math:`\sigma_o` (the last layer's weights); the first
     layer's weights have scale 1 on the scaled inputs :math:`z = (x - c) \odot s_0 \odot s`, with
     :math:`c` ``center`` and :math:`s_0` ``base_scale`` fixed (the training inputs' mid-range and
