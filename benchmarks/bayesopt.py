@@ -203,6 +203,7 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
     best = [float(Y.max())]
     fit_s, acq_s, warm_s, cold_s = [], [], [], []
     ard = []  # per step: whether the kernel (the infinite-width GP's, or the calibration a network's prior came from) had one input scale per feature
+    activation = []  # per step: that kernel's activation
     surrogate = model = last_warm_data = None
     sobol = SobolEngine(d, scramble=True, seed=10_000 + seed)
     error = None
@@ -229,6 +230,7 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
         t2 = time.perf_counter()
         calibration = surrogate.fit_record.calibration if surrogate is not None else model
         ard.append(getattr(getattr(calibration, "covar_module", None), "ard", None))
+        activation.append(getattr(getattr(calibration, "covar_module", None), "activation", None))
         fit_s.append(t1 - t0)
         acq_s.append(t2 - t1)
         X, Y = torch.cat([X, candidates]), torch.cat([Y, f(candidates)])
@@ -249,6 +251,7 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
         evaluations=[settings["n_init"] + i * settings["q"] for i in range(len(best))], fit_seconds=fit_s, acq_seconds=acq_s,
         warm_fit_seconds=warm_s, cold_fit_seconds_same_data=cold_same_data, peak_memory_mb=peak_mb() - baseline, error=error,
         ard=ard,
+        activation=activation,
     )
 
 

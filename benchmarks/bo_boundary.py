@@ -50,12 +50,14 @@ FULL = dict(problems=DEVELOPMENT + HELD_OUT, designs=3, n=26,
 QUICK = dict(problems=["hartmann6"], designs=1, n=12, methods=["gp", "infinite_width", "laplace"])
 
 
-def step(name, method, design, n, budget):
+def step(name, method, design, n, budget, activations=None):
     """One acquisition from ``n`` Sobol points of ``name`` (design ``design``): the candidates'
-    place and value against the best observation."""
+    place and value against the best observation; ``activations`` as ``bayesopt.py``'s."""
     from torch.quasirandom import SobolEngine
 
-    settings = bayesopt.QUICK if budget == "quick" else bayesopt.FULL
+    settings = dict(bayesopt.QUICK if budget == "quick" else bayesopt.FULL)
+    if activations is not None:
+        settings["activations"] = activations
     p = problem(name)
     X = SobolEngine(p.d, scramble=True, seed=design).draw(n).to(torch.float64)
     Y = p.f(X)
@@ -114,6 +116,8 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="+", default=None, help="default: " + " ".join(FULL["methods"]))
     parser.add_argument("--designs", type=int, default=None, help="Sobol designs (seeds 0, 1, ...); default 3")
     parser.add_argument("--n", type=int, default=None, help="points in each design; default 26 (bayesopt.py's fifth step)")
+    parser.add_argument("--activations", nargs="+", default=None, choices=bayesopt.ACTIVATIONS,
+                        help="the activations the calibrations choose among, as bayesopt.py's --activations")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
     problems, methods = args.problems or base["problems"], args.methods or base["methods"]
@@ -136,13 +140,13 @@ def main(argv=None):
     for name in problems:
         for design in range(designs):
             for method in methods:
-                r = step(name, method, design, n, budget)
+                r = step(name, method, design, n, budget, args.activations)
                 records.append(r)
                 print(f"{name:17s} design {design} {method:18s} on the boundary {r['on_bound']:.2f}  L_inf {r['l_inf']}  "
                       f"f {[round(v, 2) for v in r['values']]}  best observed {r['best_observed']:.2f}  corners: mean spread "
                       f"{statistics.pstdev(r['corner_mean']):.2f}, largest mean + 2 sd {upper_bound(r):.2f} against the best's "
                       f"{r['best_observed_standardized']:.2f}", flush=True)
-    print(json.dumps(dict(settings=dict(problems=problems, methods=methods, designs=designs, n=n, budget=budget),
+    print(json.dumps(dict(settings=dict(problems=problems, methods=methods, designs=designs, n=n, budget=budget, activations=args.activations),
                           records=records, summary=summarize(records))))
 
 
