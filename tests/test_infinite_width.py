@@ -224,7 +224,7 @@ def test_the_cos_kernel_hands_the_finite_network_its_wide_phases():
     with torch.no_grad():
         kernel.raw_bias_scale.fill_(-1.0)
     net = kernel.network()
-    bias = float(kernel.bias_scale)
+    bias = float(kernel.bias_scale.detach())
     assert net.bias_scales == pytest.approx((COS_PHASE_SCALE, bias, bias))
     torch.testing.assert_close(kernel(X).to_dense(), net.covariance(X), rtol=1e-12, atol=1e-12)
     model = net.bayesian_model(pyrobnn.GaussianLikelihood(scale=0.1), width=4)
