@@ -126,6 +126,17 @@ def _scales_of(net: InfiniteWidthMLP) -> tuple:
             net.weight_scales[1] if net.depth > 1 else 1.0, net.weight_scales[-1])
 
 
+def _layer_scales(activation, depth, bias, hidden, output, one):
+    """The kernel's network, layer by layer from the first linear layer to the last: its weight
+    scales (the first layer's ``one``, the input scale carrying it; ``hidden`` between hidden
+    layers; ``output`` last) and bias scales (``bias`` everywhere but a cosine network's first
+    layer, whose phases are :data:`~pyrobnn.models.infinite_width.COS_PHASE_SCALE`: its kernel
+    stationary). Numbers or tensors alike; ``one`` is the unit of their kind."""
+    weights = [one] + [hidden] * (depth - 1) + [output]
+    biases = [COS_PHASE_SCALE * one if activation == "cos" else bias] + [bias] * depth
+    return weights, biases
+
+
 class InfiniteWidthKernel(Kernel):
     r"""The NNGP kernel of an MLP with ``depth`` hidden layers of ``activation`` (``"erf"``,
     ``"relu"`` or ``"cos"``), hyperparameters the network's prior scales (each in
@@ -205,11 +216,7 @@ class InfiniteWidthKernel(Kernel):
         scale = self.base_scale * input_scale  # (*batch, 1, d)
         z1 = (x1 - self.center) * scale
         z2 = (x2 - self.center) * scale
-        one = torch.ones_like(bias_scale)
-        weights = [one] + [hidden_scale] * (self.depth - 1) + [output_scale]
-        biases = [bias_scale] * (self.depth + 1)
-        if activation == "cos":  # wide first-layer phases: a stationary kernel
-            biases[0] = COS_PHASE_SCALE * one
+        weights, biases = _layer_scales(activation, self.depth, bias_scale, hidden_scale, output_scale, torch.ones_like(bias_scale))
         return nngp_covariance(z1, z2, activation=activation, weight_scales=weights, bias_scales=biases, diag=diag)
 
     def network(self, output: int = 0) -> InfiniteWidthMLP:
@@ -219,11 +226,9 @@ class InfiniteWidthKernel(Kernel):
             t = t.detach()
             return t.reshape(-1, t.shape[-1])[output] if t.dim() > 2 else t.reshape(-1)
 
-        biases = (float(value(self.bias_scale)),) * (self.depth + 1)
-        if self.activation == "cos":
-            biases = (COS_PHASE_SCALE,) + biases[1:]
-        weights = (1.0,) + (float(value(self.hidden_scale)),) * (self.depth - 1) + (float(value(self.output_scale)),)
-        return InfiniteWidthMLP(self.activation, weights, biases, self.center.detach().clone(),
+        bias, hidden, output = (float(value(s)) for s in (self.bias_scale, self.hidden_scale, self.output_scale))
+        weights, biases = _layer_scales(self.activation, self.depth, bias, hidden, output, 1.0)
+        return InfiniteWidthMLP(self.activation, tuple(weights), tuple(biases), self.center.detach().clone(),
                                 (self.base_scale * value(self.input_scale)).detach().clone())
 
 

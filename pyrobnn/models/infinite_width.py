@@ -114,6 +114,10 @@ class Cos(nn.Module):
         return torch.cos(x)
 
 
+#: each activation's module, in the finite network and as it is read back
+_MODULES = {"erf": Erf, "relu": nn.ReLU, "cos": Cos}
+
+
 class InputScaling(nn.Module):
     r"""A fixed affine map of the inputs, :math:`z = (x - c) \odot s` (buffers ``center`` and
     ``scale``, moved and saved with the network): the inputs' centre and, per feature or shared,
@@ -253,7 +257,7 @@ class InfiniteWidthMLP:
         """The finite network: ``InputScaling, Linear, act, ..., Linear`` (then ``OutputMean``
         where there is an output mean) with ``width`` units per hidden layer (parameters on the
         default device, in the default dtype, as ``nn.Linear``'s)."""
-        act = {"erf": Erf, "relu": nn.ReLU, "cos": Cos}[self.activation]
+        act = _MODULES[self.activation]
         d = self.input_center.numel()
         layers, fan_in = [InputScaling(self.input_center, self.input_scale)], d
         for _ in range(self.depth):
@@ -306,8 +310,7 @@ def infinite_width_of(model) -> InfiniteWidthMLP:
     if not linears or not all(isinstance(m, nn.Linear) for _, m in linears) or len(linears) != len(activations) + 1:
         raise ValueError("the infinite-width kernel needs Linear layers with one activation between each two: "
                          f"got {[type(m).__name__ for _, m in modules]}")
-    names = {Erf: "erf", nn.ReLU: "relu", Cos: "cos"}
-    kinds = {next((name for kind, name in names.items() if isinstance(a, kind)), type(a).__name__) for a in activations}
+    kinds = {next((name for name, kind in _MODULES.items() if isinstance(a, kind)), type(a).__name__) for a in activations}
     if len(kinds) != 1 or not kinds <= set(ACTIVATIONS):
         raise ValueError(f"the infinite-width kernel has a closed form for one of {ACTIVATIONS} activations throughout, got {sorted(kinds)}")
     weight_scales, bias_scales = [], []
