@@ -226,8 +226,8 @@ class InfiniteWidthKernel(Kernel):
             t = t.detach()
             return t.reshape(-1, t.shape[-1])[output] if t.dim() > 2 else t.reshape(-1)
 
-        bias, hidden, output = (float(value(s)) for s in (self.bias_scale, self.hidden_scale, self.output_scale))
-        weights, biases = _layer_scales(self.activation, self.depth, bias, hidden, output, 1.0)
+        scales = [float(value(s)) for s in (self.bias_scale, self.hidden_scale, self.output_scale)]  # bias, hidden, output
+        weights, biases = _layer_scales(self.activation, self.depth, *scales, 1.0)
         return InfiniteWidthMLP(self.activation, tuple(weights), tuple(biases), self.center.detach().clone(),
                                 (self.base_scale * value(self.input_scale)).detach().clone())
 
