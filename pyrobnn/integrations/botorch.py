@@ -650,7 +650,10 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
         if not methods.spec(method).bo_limit_network:
             raise ValueError(f"activations: the default surrogate of {method!r} is an erf network (its MethodSpec.bo_limit_network "
                              "is false), whose activation the calibration does not choose")
-        activations = checked_activations(activations)
+        try:
+            activations = checked_activations(activations)
+        except ValueError as error:  # named by this function's argument, not the fit's
+            raise ValueError(f"activations: {error}") from None
     if laplace_form not in ("joint", "samples"):
         raise ValueError(f"laplace_form must be 'joint' or 'samples', got {laplace_form!r}")
     if not 0.0 < float(warm_fraction) <= 1.0:
