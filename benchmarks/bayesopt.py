@@ -23,6 +23,8 @@ prints one JSON object last.
     python benchmarks/bayesopt.py --regimes        # Branin in 40-D and Gramacy & Lee's function, 100 evaluations
     python benchmarks/bayesopt.py --regimes --seeds 10 --first-seed 5 --out runs/more   # seeds 5-14 beside a saved run,
     python benchmarks/bayesopt.py --from-runs <saved>/bayesopt_runs.json runs/more/bayesopt_runs.json   # summarized as one
+    python benchmarks/bayesopt.py --problems ackley10_shifted levy20_shifted rosenbrock5_shifted levy4_shifted \
+        griewank8_shifted --seeds 10     # the problems whose maximizer is near the cube's centre, moved off it
 
 The problems are :mod:`bo_problems`' (shared with ``bo_calibration.py``).
 """

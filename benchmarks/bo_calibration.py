@@ -41,9 +41,15 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bo_problems  # noqa: E402
 import bayesopt  # noqa: E402  (the BO benchmark's surrogates, fitted with its options per method and budget)
-from bo_problems import DEVELOPMENT, HELD_OUT, REGIMES  # noqa: E402
+from bo_problems import DEVELOPMENT, HELD_OUT, REGIMES, SHIFTED  # noqa: E402
 
 N_TEST = 500
+
+
+def problem_set(name: str) -> str:
+    """The set of bo_problems' split a problem belongs to."""
+    return ("development" if name in DEVELOPMENT else "held-out" if name in HELD_OUT else "shifted (held out)" if name in SHIFTED
+            else "regime")
 Z90 = 1.6448536269514722  # the 95% quantile of N(0, 1): a central 90% interval
 WITHIN = math.log(1.5)  # "within 1.5x of the GP's NLL": a predictive density at most 1.5 times lower per point
 
@@ -103,7 +109,7 @@ def run(settings, budget):
                     except Exception as e:  # a surrogate that fails here is reported, not hidden
                         nll = coverage = float("nan")
                         error = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
-                    records.append(dict(problem=name, set="development" if name in DEVELOPMENT else "held-out" if name in HELD_OUT else "regime", seed=seed, n=n,
+                    records.append(dict(problem=name, set=problem_set(name), seed=seed, n=n,
                                         method=method, nll=nll, coverage=coverage, seconds=time.perf_counter() - start, error=error))
                     print(f"{name:>16} n={n:<4} seed={seed} {method:>14}: NLL {nll:8.3f}  coverage {coverage:5.2f}  "
                           f"{records[-1]['seconds']:6.1f} s" + (f"  {error}" if error else ""), flush=True)
@@ -150,7 +156,7 @@ def checks(summary, n=20):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--problems", nargs="+", help=f"of {DEVELOPMENT + HELD_OUT + REGIMES}")
+    parser.add_argument("--problems", nargs="+", help=f"of {DEVELOPMENT + HELD_OUT + SHIFTED + REGIMES}")
     parser.add_argument("--methods", nargs="+")
     parser.add_argument("--sizes", nargs="+", type=int)
     parser.add_argument("--seeds", type=int)
