@@ -44,12 +44,6 @@ import bayesopt  # noqa: E402  (the BO benchmark's surrogates, fitted with its o
 from bo_problems import DEVELOPMENT, HELD_OUT, REGIMES, SHIFTED  # noqa: E402
 
 N_TEST = 500
-
-
-def problem_set(name: str) -> str:
-    """The set of bo_problems' split a problem belongs to."""
-    return ("development" if name in DEVELOPMENT else "held-out" if name in HELD_OUT else "shifted (held out)" if name in SHIFTED
-            else "regime")
 Z90 = 1.6448536269514722  # the 95% quantile of N(0, 1): a central 90% interval
 WITHIN = math.log(1.5)  # "within 1.5x of the GP's NLL": a predictive density at most 1.5 times lower per point
 
@@ -57,6 +51,12 @@ QUICK = dict(problems=["branin", "rosenbrock5"], sizes=[10, 20], seeds=2, method
              num_samples=16)
 FULL = dict(problems=DEVELOPMENT + HELD_OUT + REGIMES, sizes=[10, 20, 50, 100], seeds=5,
             methods=["gp", "infinite_width", "laplace", "deep_ensemble", "nuts", "mclmc", "ivon", "swag"], num_samples=32)
+
+
+def problem_set(name: str) -> str:
+    """The set of bo_problems' split a problem belongs to."""
+    return ("development" if name in DEVELOPMENT else "held-out" if name in HELD_OUT else "shifted (held out)" if name in SHIFTED
+            else "regime")
 
 
 def problem(name):
