@@ -8,7 +8,8 @@ seed; then ``steps`` rounds of ``q`` points chosen by qLogNoisyExpectedImproveme
 ``optimize_acqf`` (``num_restarts``, ``raw_samples``). pyrobnn's surrogates refit warm-started
 from the previous posterior after each round (``PosteriorSurrogate.refit``); at the last round a
 cold fit on the same data is timed beside the warm one (``warm_refit_speedup``), and with
-``--cold-arm`` whole cold-refit runs give the final regret to compare with. Every
+``--cold-arm`` whole cold-refit runs on the first problem (or on the problems it names) give the
+final regret to compare with. Every
 (problem, method, seed) runs in a fresh process, so that its peak memory (the high-water mark of
 the resident set above the process after its imports) is its own.
 
@@ -305,7 +306,8 @@ def main(argv=None):
                         help="the first seed: seeds first-seed .. first-seed + seeds - 1, to add seeds to saved runs (merge them "
                              "with --from-runs)")
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--cold-arm", action="store_true", help="also run pyrobnn's surrogates with cold refits on the first problem")
+    parser.add_argument("--cold-arm", nargs="*", default=None, metavar="PROBLEM",
+                        help="also run pyrobnn's surrogates with cold refits: on the first problem, or on the problems named")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once, one process each")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per run (default: the cores over --jobs; 1 where other work shares the machine)")
@@ -349,8 +351,12 @@ def main(argv=None):
     seeds = range(args.first_seed, args.first_seed + settings["seeds"])
     pyrobnn_methods = [m for m in args.methods if m not in BASELINES]  # those with a warm refit
     jobs = [(p, m, s, False) for p in settings["problems"] for m in args.methods for s in seeds]
-    if args.cold_arm:
-        jobs += [(settings["problems"][0], m, s, True) for m in pyrobnn_methods for s in seeds]
+    if args.cold_arm is not None:
+        cold_problems = args.cold_arm or settings["problems"][:1]
+        unknown = [p for p in cold_problems if p not in settings["problems"]]
+        if unknown:
+            parser.error(f"--cold-arm names problems not run: {', '.join(unknown)} (the problems: {', '.join(settings['problems'])})")
+        jobs += [(p, m, s, True) for p in cold_problems for m in pyrobnn_methods for s in seeds]
     command = ("python benchmarks/bayesopt.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     print(f"Bayesian optimization: {len(jobs)} runs ({budget}: {json.dumps(settings)}), {args.jobs} at once", flush=True)
     started = time.perf_counter()

@@ -71,7 +71,7 @@ def step(name, method, design, n, budget, activations=None):
                 l_inf=[round(float(v), 4) for v in (candidates - 0.5).abs().amax(-1)],
                 values=[float(v) for v in values], best_observed=float(Y.max()), improves=bool(values.max() > Y.max()),
                 corner_mean=[round(float(v), 4) for v in mean], corner_sd=[round(float(v), 4) for v in sd],
-                best_observed_standardized=float((Y.max() - Y.mean()) / Y.std()))
+                best_observed_standardized=float((Y.max() - Y.mean()) / Y.std()), observed_sd=float(Y.std()))
 
 
 def corners(d, design):
@@ -92,16 +92,25 @@ def corner_posterior(model, points, Y):
 
 def summarize(records):
     """Per problem and surrogate, over designs: the mean fraction of coordinates on the boundary,
-    the number of designs whose batch improved on the best observation, the mean spread (standard
-    deviation) of the posterior mean across the corners and the mean excess of the corners'
-    largest upper bound over the best observation (standardized units)."""
+    the number of designs whose batch improved on the best observation, the median of the batch's
+    best value less the best observation (standardized units: the step's gain, negative where no
+    candidate improved), the mean spread (standard deviation) of the posterior mean across the
+    corners and the mean excess of the corners' largest upper bound over the best observation
+    (standardized units)."""
     out = {}
     for r in records:
         out.setdefault(r["problem"], {}).setdefault(r["method"], []).append(r)
     return {p: {m: dict(on_bound=round(statistics.fmean(r["on_bound"] for r in rs), 3), improved=sum(r["improves"] for r in rs), designs=len(rs),
+                        batch_gain=round(statistics.median(batch_gain(r) for r in rs), 3),
                         corner_mean_spread=round(statistics.fmean(statistics.pstdev(r["corner_mean"]) for r in rs), 3),
                         corner_bound_over_best=round(statistics.fmean(upper_bound(r) - r["best_observed_standardized"] for r in rs), 3))
                 for m, rs in by.items()} for p, by in out.items()}
+
+
+def batch_gain(record):
+    """The batch's best value less the best observation, in units of the design's outcomes'
+    standard deviation."""
+    return (max(record["values"]) - record["best_observed"]) / record["observed_sd"]
 
 
 def upper_bound(record):

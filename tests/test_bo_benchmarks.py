@@ -101,9 +101,19 @@ def test_bo_boundary_benchmark_reports_where_each_acquisition_sends_its_candidat
     Hartmann-6; each record's fraction of coordinates on the boundary is the one its candidates'
     largest distances from the centre allow (a candidate with L_inf below 0.5 - 1e-3 has no
     coordinate on a bound, so the fraction is at most the share of candidates on a face), the
-    posterior is read at all 2^6 corners, and the summary is what the records hold."""
+    posterior is read at all 2^6 corners, the batch's gain is its best value less the best of the
+    design's outcomes (recomputed here from the problem) over their standard deviation, and the
+    summary is what the records hold."""
     import statistics
 
+    import torch
+    from torch.quasirandom import SobolEngine
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from bo_problems import problem
+
+    hartmann = problem("hartmann6")
+    Y = hartmann.f(SobolEngine(6, scramble=True, seed=0).draw(12).to(torch.float64))
     stdout = run_command([sys.executable, os.path.join(ROOT, "benchmarks", "bo_boundary.py"), "--quick", "--methods", "gp",
                           "infinite_width", "laplace", "laplace:last_layer"])
     report = json.loads(stdout.strip().splitlines()[-1])
@@ -115,8 +125,12 @@ def test_bo_boundary_benchmark_reports_where_each_acquisition_sends_its_candidat
         assert len(r["corner_mean"]) == len(r["corner_sd"]) == 64 and min(r["corner_sd"]) >= 0.0
         assert r["best_observed_standardized"] > 0.0  # the largest of standardized outcomes
         bound = max(m + 2 * s for m, s in zip(r["corner_mean"], r["corner_sd"]))
+        assert math.isclose(r["best_observed"], float(Y.max()), rel_tol=1e-12) and math.isclose(r["observed_sd"], float(Y.std()), rel_tol=1e-12)
+        gain = (max(r["values"]) - float(Y.max())) / float(Y.std())
+        assert (gain > 0) == r["improves"]
         assert report["summary"]["hartmann6"][r["method"]] == dict(
-            on_bound=round(r["on_bound"], 3), improved=int(r["improves"]), designs=1, corner_mean_spread=round(statistics.pstdev(r["corner_mean"]), 3),
+            on_bound=round(r["on_bound"], 3), improved=int(r["improves"]), designs=1, batch_gain=round(gain, 3),
+            corner_mean_spread=round(statistics.pstdev(r["corner_mean"]), 3),
             corner_bound_over_best=round(bound - r["best_observed_standardized"], 3))
 
 
@@ -161,6 +175,24 @@ def test_bayesopt_seeds_added_to_saved_runs_merge(tmp_path, run_command):
     assert len({tuple(v) for v in by_seed.values()}) == 4  # the seeds are four different runs
     refused = subprocess.run(quick + ["--first-seed", "-1"], cwd=tmp_path, capture_output=True, text=True)
     assert refused.returncode != 0 and "--first-seed must be at least 0" in refused.stderr
+
+
+@pytest.mark.slow
+def test_bayesopt_cold_arm_runs_on_the_problems_it_names(tmp_path, run_command):
+    """``--cold-arm`` alone runs the cold-refit arm on the first problem; given problems, on
+    those: the deep ensemble on Branin and Hartmann-6 (quick budget, one seed and round) with the
+    cold arm on Hartmann-6 has a cold row there and none on Branin. A problem the run does not
+    include is refused, naming the option."""
+    script = os.path.join(ROOT, "benchmarks", "bayesopt.py")
+    quick = [sys.executable, script, "--quick", "--methods", "deep_ensemble", "--problems", "branin", "hartmann6",
+             "--seeds", "1", "--steps", "1", "--jobs", "1"]
+    stdout = run_command(quick + ["--cold-arm", "hartmann6", "--out", "cold"])
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert set(summary["cold_arm"]) == {"hartmann6"}
+    records = json.load(open(tmp_path / "cold" / "bayesopt_runs.json"))["records"]
+    assert sorted((r["problem"], r["cold_refits"]) for r in records) == [("branin", False), ("hartmann6", False), ("hartmann6", True)]
+    refused = subprocess.run(quick + ["--cold-arm", "levy4"], cwd=tmp_path, capture_output=True, text=True)
+    assert refused.returncode != 0 and "--cold-arm names problems not run: levy4" in refused.stderr
 
 
 def test_bayesopt_pairs_each_run_with_random_search_in_its_seed():
