@@ -194,8 +194,9 @@ def next_batch(model, X, settings, prune_baseline=True):
     return candidates.detach()
 
 
-def run_one(name, method, seed, settings, budget, cold_refits=False):
-    """One BO run; returns its record (a dict)."""
+def run_one(name, method, seed, settings, budget, cold_refits=False, on_step=None):
+    """One BO run; returns its record (a dict). ``on_step(step, X, Y)``, when given, is called at
+    each step with the data the step's surrogate is fitted to."""
     from torch.quasirandom import SobolEngine
 
     torch.manual_seed(seed)
@@ -211,6 +212,8 @@ def run_one(name, method, seed, settings, budget, cold_refits=False):
     sobol = SobolEngine(d, scramble=True, seed=10_000 + seed)
     error = None
     for step in range(settings["steps"]):
+        if on_step is not None:
+            on_step(step, X, Y)
         q = settings["q"]
         t0 = time.perf_counter()
         if method == "random":

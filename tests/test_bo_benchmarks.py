@@ -101,9 +101,10 @@ def test_bo_boundary_benchmark_reports_where_each_acquisition_sends_its_candidat
     Hartmann-6; each record's fraction of coordinates on the boundary is the one its candidates'
     largest distances from the centre allow (a candidate with L_inf below 0.5 - 1e-3 has no
     coordinate on a bound, so the fraction is at most the share of candidates on a face), the
-    posterior is read at all 2^6 corners, the batch's gain is its best value less the best of the
-    design's outcomes (recomputed here from the problem) over their standard deviation, and the
-    summary is what the records hold."""
+    posterior is read at all 2^6 corners, the objective at the recorded candidates is the recorded
+    value, the batch's gain is its best value less the best of the design's outcomes (recomputed
+    here from the problem) over their standard deviation, the nearest candidate's distance from the
+    design's best point is the one recorded, and the summary is what the records hold."""
     import statistics
 
     import torch
@@ -113,7 +114,8 @@ def test_bo_boundary_benchmark_reports_where_each_acquisition_sends_its_candidat
     from bo_problems import problem
 
     hartmann = problem("hartmann6")
-    Y = hartmann.f(SobolEngine(6, scramble=True, seed=0).draw(12).to(torch.float64))
+    X = SobolEngine(6, scramble=True, seed=0).draw(12).to(torch.float64)
+    Y = hartmann.f(X)
     stdout = run_command([sys.executable, os.path.join(ROOT, "benchmarks", "bo_boundary.py"), "--quick", "--methods", "gp",
                           "infinite_width", "laplace", "laplace:last_layer"])
     report = json.loads(stdout.strip().splitlines()[-1])
@@ -127,11 +129,44 @@ def test_bo_boundary_benchmark_reports_where_each_acquisition_sends_its_candidat
         bound = max(m + 2 * s for m, s in zip(r["corner_mean"], r["corner_sd"]))
         assert math.isclose(r["best_observed"], float(Y.max()), rel_tol=1e-12) and math.isclose(r["observed_sd"], float(Y.std()), rel_tol=1e-12)
         gain = (max(r["values"]) - float(Y.max())) / float(Y.std())
+        candidates = torch.tensor(r["candidates"], dtype=torch.float64)
+        assert torch.allclose(hartmann.f(candidates).reshape(-1), torch.tensor(r["values"], dtype=torch.float64), rtol=1e-12)
+        nearest = float((candidates - X[Y.reshape(-1).argmax()]).norm(dim=-1).min())
+        assert math.isclose(r["from_best"], nearest, rel_tol=1e-9)
         assert (gain > 0) == r["improves"]
         assert report["summary"]["hartmann6"][r["method"]] == dict(
-            on_bound=round(r["on_bound"], 3), improved=int(r["improves"]), designs=1, batch_gain=round(gain, 3),
+            on_bound=round(r["on_bound"], 3), improved=int(r["improves"]), designs=1, batch_gain=round(gain, 3), from_best=round(r["from_best"], 3),
             corner_mean_spread=round(statistics.pstdev(r["corner_mean"]), 3),
             corner_bound_over_best=round(bound - r["best_observed_standardized"], 3))
+
+
+def test_bo_boundary_along_a_run_takes_that_runs_data_at_its_steps(run_command, tmp_path):
+    """``--along gp --at-steps 0 2`` (quick budget: 6 Sobol points, rounds of q = 2) reads the GP's
+    own run of design 0: at step 0 its data are the design's Sobol points (the best observation is
+    theirs, recomputed here), at step 2 they are 10 points, the run's, whose best is at least the
+    design's; each record names the run and step. ``--at-steps`` without ``--along``, a step past
+    the budget and ``--n`` with ``--along`` are refused, naming the option."""
+    import torch
+    from torch.quasirandom import SobolEngine
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from bo_problems import problem
+
+    script = os.path.join(ROOT, "benchmarks", "bo_boundary.py")
+    stdout = run_command([sys.executable, script, "--quick", "--methods", "gp", "--along", "gp", "--at-steps", "0", "2"])
+    report = json.loads(stdout.strip().splitlines()[-1])
+    design = problem("hartmann6").f(SobolEngine(6, scramble=True, seed=0).draw(6).to(torch.float64))
+    first, later = report["records"]
+    assert (first["at_step"], first["n"], later["at_step"], later["n"]) == (0, 6, 2, 10)
+    assert first["along"] == later["along"] == "gp" and report["settings"]["at_steps"] == [0, 2]
+    assert math.isclose(first["best_observed"], float(design.max()), rel_tol=1e-12)
+    assert later["best_observed"] >= first["best_observed"]
+    quick = [sys.executable, script, "--quick", "--methods", "gp"]
+    for extra, message in ((["--at-steps", "1"], "--at-steps is for --along"),
+                           (["--along", "gp", "--at-steps", "8"], "--at-steps must lie in 0..7"),
+                           (["--along", "gp", "--n", "10"], "--n sets the Sobol designs' size")):
+        refused = subprocess.run(quick + extra, cwd=tmp_path, capture_output=True, text=True)
+        assert refused.returncode != 0 and message in refused.stderr, (extra, refused.stderr[-300:])
 
 
 def test_bo_step_cost_benchmark_times_every_surrogate_beside_the_gp(run_command):
