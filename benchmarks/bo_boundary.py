@@ -121,13 +121,13 @@ def corner_posterior(model, points, Y):
 
 
 def summarize(records):
-    """Per problem and surrogate, over designs: the mean fraction of coordinates on the boundary,
-    the number of designs whose batch improved on the best observation, the median of the batch's
-    best value less the best observation (standardized units: the step's gain, negative where no
-    candidate improved), the median distance from the best observed point to the nearest
-    candidate, the mean spread (standard deviation) of the posterior mean across the
-    corners and the mean excess of the corners' largest upper bound over the best observation
-    (standardized units)."""
+    """Per problem and surrogate, over its records (``designs``: one per design, or per design and
+    step with ``--along``): the mean fraction of coordinates on the boundary, the number of
+    records whose batch improved on the best observation, the median of the batch's best value
+    less the best observation (standardized units: the step's gain, negative where no candidate
+    improved), the median distance from the best observed point to the nearest candidate, the
+    mean spread (standard deviation) of the posterior mean across the corners and the mean excess
+    of the corners' largest upper bound over the best observation (standardized units)."""
     out = {}
     for r in records:
         out.setdefault(r["problem"], {}).setdefault(r["method"], []).append(r)
