@@ -177,12 +177,15 @@ def activation_expectation(activation: str, kxx, kxy, kyy):
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
-def nngp_covariance(z1, z2, *, activation: str, weight_scales, bias_scales, diag: bool = False):
+def nngp_covariance(z1, z2=None, *, activation: str, weight_scales, bias_scales, diag: bool = False):
     r"""The NNGP covariance of the network's outputs at scaled inputs ``z1`` ``(..., n, d)`` and
     ``z2`` ``(..., p, d)``: ``(..., n, p)``, or its diagonal ``(..., n)`` with ``diag`` (then
-    ``z2`` is ``z1``). ``weight_scales`` and ``bias_scales`` hold :math:`\sigma_{w,l}` and
-    :math:`\sigma_{b,l}` per linear layer, first to last, each a number or a tensor broadcastable
-    to ``(..., 1, 1)`` (a batch of hyperparameters)."""
+    ``z2`` is not used). ``z2=None`` is ``z2 = z1``: the matrix's diagonal then holds each layer's
+    variances, read from it instead of computed beside it (a third of the operations per layer:
+    what the marginal likelihood's fit evaluates hundreds of times). ``weight_scales`` and
+    ``bias_scales`` hold :math:`\sigma_{w,l}` and :math:`\sigma_{b,l}` per linear layer, first to
+    last, each a number or a tensor broadcastable to ``(..., 1, 1)`` (a batch of
+    hyperparameters)."""
     weight_scales, bias_scales = list(weight_scales), list(bias_scales)
     if len(weight_scales) != len(bias_scales) or not weight_scales:
         raise ValueError(f"one weight and one bias scale per linear layer: got {len(weight_scales)} and {len(bias_scales)}")
@@ -193,6 +196,12 @@ def nngp_covariance(z1, z2, *, activation: str, weight_scales, bias_scales, diag
         return (scale.reshape(1, 1) if scale.dim() < 2 else scale) ** 2
 
     wv, bv = var(weight_scales[0]), var(bias_scales[0])
+    if z2 is None and not diag:
+        kxy = bv + wv * (z1 @ z1.transpose(-1, -2)) / d
+        for w, b in zip(weight_scales[1:], bias_scales[1:]):
+            k = kxy.diagonal(dim1=-2, dim2=-1)
+            kxy = var(b) + var(w) * activation_expectation(activation, k.unsqueeze(-1), kxy, k.unsqueeze(-2))
+        return kxy
     kxx = bv[..., 0] + wv[..., 0] * (z1 * z1).sum(-1) / d
     if diag:
         for w, b in zip(weight_scales[1:], bias_scales[1:]):
