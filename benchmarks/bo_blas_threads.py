@@ -38,7 +38,11 @@ CASES = (("branin", 22), ("hartmann6", 30))
 
 def batched_gp(X, Y):
     """The erf half of the library's batched GP before its fit (which batches the ReLU kernel
-    beside it): one batch element per start of FIT_STARTS, one input scale."""
+    beside it): one batch element per start of FIT_STARTS, one input scale. With BoTorch's own
+    likelihood and loss: since 2026-12-01 the library's fit optimizes the noise variance on a
+    softplus coordinate and evaluates the loss on plain tensors (fewer evaluations, each cheaper:
+    docs/bayesopt.md, "The calibration's noise on a log scale"); what a BLAS thread costs each
+    ``setulb`` call, which this measures, is the same."""
     from botorch.models import SingleTaskGP
 
     from pyrobnn.integrations.infinite_width_gp import FIT_START_NOISE, FIT_STARTS, SCALE_NAMES, InfiniteWidthKernel
