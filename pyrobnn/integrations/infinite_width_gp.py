@@ -433,9 +433,10 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth=None, activation=No
         alone (its scales, noise and constant mean, the input scales carried into these inputs'
         frame, for each shape ``ard`` allows: per feature, or their geometric mean for one shared
         scale), and the choice among activations and shapes made again; its depth is kept. A
-        cold fit runs one L-BFGS-B over 8 batch elements (2 activations from 4 starts), about 300
+        cold fit runs one L-BFGS-B over 10 batch elements (2 activations from 5 starts), 60-120
         evaluations of the marginal likelihood at 10-50 points; a warm one over 2, each from its
-        previous optimum (on the same data, a few evaluations). What the other starts would find is not looked at (a mode the previous fit missed stays missed),
+        previous optimum (50-100 evaluations after a BO step's 4 new points, a few on the same
+        data). What the other starts would find is not looked at (a mode the previous fit missed stays missed),
         and from a previous fit in the noise mode (noise variance from
         :data:`WARM_START_NOISE_LIMIT` on) the fit is cold (from :data:`FIT_STARTS`, with its
         activations and depth). BoTorch's tutorials warm-start each step from the previous
