@@ -95,7 +95,7 @@ SCALE_HYPERPRIOR = (0.0, 1.5)
 #: BoTorch's raw coordinate (measured again at 5754098): the first start alone ended in the noise
 #: mode though a signal mode was more probable in 8 of the 36 cases, and the first four starts
 #: short of that grid's best in 4.
-#: On the noise's softplus coordinate (:func:`_noise_likelihood`, 2026-12-01) the noise mode traps
+#: On the noise's softplus coordinate (``_noise_likelihood``, 2026-12-01) the noise mode traps
 #: no signal start, and the last start, every scale at 0.1, is the one that finds the noise mode
 #: where it is the more probable (three cases of Ackley-10 at n = 20 and 40, by 0.36-0.81 nats):
 #: against the best fit of both coordinates' grids the four starts fell short in 4 of 36 cases,
