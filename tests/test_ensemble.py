@@ -195,6 +195,8 @@ def test_pack_inverts_unpack_with_a_constrained_noise_site():
     potential = FlatPotential(model.double().eval(), x, torch.randn(10, 1, dtype=torch.float64))
     z = torch.randn(4, potential.dim, dtype=torch.float64)
     torch.testing.assert_close(potential.pack(potential.unpack(z)), z)
+    draws = torch.randn(2, 5, potential.dim, dtype=torch.float64)  # (chains, draws, dim), as a posterior's
+    torch.testing.assert_close(potential.pack_draws(potential.unpack_draws(draws)), draws)
     with pytest.raises(ValueError, match="no values"):
         potential.pack({"0.weight": torch.zeros(4, 3, 2)})
 

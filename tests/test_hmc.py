@@ -13,6 +13,7 @@ from pyro.infer.mcmc.util import initialize_model
 import pyrobnn
 from pyrobnn.infer.mcmc.samplers import nuts, pyro_nuts
 from pyrobnn.infer.core.potential import FlatPotential
+from pyrobnn.infer.results.posterior import Posterior
 from test_conjugate import bayesian_linear_model, conjugate_problem
 
 
@@ -58,6 +59,58 @@ def test_pyro_nuts_reaches_the_exact_conjugate_posterior():
     X, y, mean, precision = conjugate_problem(seed=4)
     result = pyro_nuts(bayesian_linear_model(), X, y, num_samples=400, num_warmup=300, num_chains=2, progress=False)
     check_exact_posterior(result.samples["weight"].reshape(2, 400, 3), mean, torch.linalg.inv(precision))
+
+
+def test_nuts_with_a_held_mass_matrix_reaches_the_exact_conjugate_posterior():
+    """A given inverse mass matrix held through the warm-up (``adapt_mass_matrix=False``: only
+    the step size adapts) keeps sampling exact: per chain, one matrix a hundred times the posterior's
+    variances and one a hundredth of them, each chain's step size started where the other
+    chain's would be wrong."""
+    X, y, mean, precision = conjugate_problem(seed=2)
+    cov = torch.linalg.inv(precision)
+    inv_mass = torch.stack([100 * cov.diag(), cov.diag() / 100])
+    result = nuts(bayesian_linear_model(), X, y, num_samples=800, num_warmup=150, num_chains=2, step_size=torch.tensor([1e-3, 5.0]),
+                  inv_mass=inv_mass, adapt_mass_matrix=False, progress=False)
+    assert torch.equal(result.stats["inv_mass"], inv_mass)
+    assert result.num_divergences == 0
+    check_exact_posterior(result.samples["weight"].reshape(2, 800, 3), mean, cov)
+
+
+def test_a_given_step_size_is_kept_without_a_warm_up_and_starts_the_warm_up_otherwise():
+    X, y, _, _ = conjugate_problem()
+    model = bayesian_linear_model()
+    kept = nuts(model, X, y, num_samples=5, num_warmup=0, num_chains=2, step_size=torch.tensor([0.01, 0.02], dtype=torch.float64), inv_mass=0.5,
+                progress=False)
+    torch.testing.assert_close(kept.stats["step_size"], torch.tensor([0.01, 0.02], dtype=torch.float64), rtol=0, atol=0)
+    assert torch.equal(kept.stats["inv_mass"], torch.full((2, 3), 0.5, dtype=torch.float64))
+    # adapted in windows, a given matrix is only the start: 150 iterations replace it
+    windows = nuts(model, X, y, num_samples=5, num_warmup=150, num_chains=2, inv_mass=100.0, progress=False).stats["inv_mass"]
+    assert torch.all(windows < 1.0), windows
+    # a warm-up from a step size a thousandth of the adapted one ends near the adapted one
+    adapted = nuts(model, X, y, num_samples=5, num_warmup=100, num_chains=2, progress=False).stats["step_size"]
+    tuned = nuts(model, X, y, num_samples=5, num_warmup=100, num_chains=2, step_size=1e-3 * adapted.mean().item(), progress=False)
+    assert torch.all((tuned.stats["step_size"] / adapted).log().abs() < math.log(3)), (tuned.stats["step_size"], adapted)
+
+
+def test_nuts_adaptation_of_a_run_is_its_step_sizes_and_its_draws_regularized_variance():
+    """What a refit on more data starts from: each chain's final step size, and the variance of
+    its draws in unconstrained coordinates (the noise scale's on the log scale), shrunk as Stan's
+    windows shrink theirs: n / (n + 5) var + 1e-3 * 5 / (n + 5)."""
+    from pyrobnn.infer.mcmc.samplers import nuts_adaptation_of
+
+    model, x, y = small_bnn(noise_prior=True)
+    result = nuts(model, x, y, num_samples=30, num_warmup=30, num_chains=3, max_tree_depth=4, progress=False)
+    carried = nuts_adaptation_of(result)
+    assert torch.equal(carried["step_size"], result.stats["step_size"])
+    weights = result.samples["0.weight"].reshape(3, 30, -1)
+    log_noise = result.samples["noise_scale"].reshape(3, 30, 1).log()
+    n = 30
+    blocks = FlatPotential(model).blocks
+    for block, (_, start, stop, _) in ((weights, blocks[0]), (log_noise, blocks[-1])):
+        expected = n / (n + 5) * block.var(1) + 1e-3 * 5 / (n + 5)
+        torch.testing.assert_close(carried["inv_mass"][:, start:stop], expected, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match=r"posterior must be a NUTS result with one step size per chain"):
+        nuts_adaptation_of(Posterior(result.samples, {}, model=model))  # no step sizes: not a NUTS run's
 
 
 def small_bnn(noise_prior=False):
@@ -132,6 +185,13 @@ def test_samples_feed_predictive_and_predict():
     ({"max_tree_depth": 0}, "max_tree_depth must be an integer >= 1"),
     ({"target_accept": 1.5}, r"target_accept must be in \(0, 1\), got 1.5"),
     ({"num_chains": 0}, "nuts: num_chains must be an integer >= 1, got 0"),
+    ({"step_size": 0.0}, r"step_size must be a finite positive number or an array of them of shape \(num_chains,\) or None, got 0.0"),
+    ({"step_size": torch.tensor([0.1, float("nan")])}, r"step_size must be .* got an array with 1 of its 2 entries not finite and positive \(the first: nan\)"),
+    ({"inv_mass": torch.ones(2, 3, 4)}, r"inv_mass must be .* of shape \(D,\) or \(num_chains, D\) or None, got a torch.float32 array of shape \(2, 3, 4\)"),
+    ({"inv_mass": "unit"}, r"inv_mass must be .* got 'unit'"),
+    ({"step_size": [0.1, 0.1], "num_processes": 2}, r"nuts: step_size per chain cannot be split over num_processes=2"),
+    ({"inv_mass": torch.ones(3)}, r"inv_mass must be a number or have shape \(13,\) or \(4, 13\) \(the chains, the model's unconstrained parameters\), got shape \(3,\)"),
+    ({"step_size": torch.ones(3)}, r"step_size must be a number or have shape \(4,\) \(one per chain\), got shape \(3,\)"),
 ])
 def test_nuts_refuses_arguments_out_of_range(kwargs, message):
     model, x, y = small_bnn(noise_prior=False)

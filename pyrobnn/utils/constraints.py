@@ -16,7 +16,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Constraint", "Budget", "Positive", "PositiveInt", "NonNegative", "Interval", "OneOf", "Flag", "Either", "Phases"]
+import torch
+
+__all__ = ["Constraint", "Budget", "Positive", "PositiveInt", "NonNegative", "Interval", "OneOf", "Flag", "Either", "Phases", "PositiveValues"]
 
 
 def _is_int(value) -> bool:
@@ -41,7 +43,12 @@ class Constraint:
     def error(self, method: str, name: str, value) -> Optional[str]:
         if self.takes(value):
             return None
-        return f"{name} must be {self.description}, got {value!r}"
+        return f"{name} must be {self.description}, got {self.got(value)}"
+
+    def got(self, value) -> str:
+        """What a refused value was, for the message: its ``repr`` unless the constraint says
+        better (an array's shape, not its entries)."""
+        return repr(value)
 
 
 @dataclass(frozen=True)
@@ -174,7 +181,51 @@ class Either(Constraint):
         budget = next((a for a in self.alternatives if isinstance(a, Budget)), None)
         if budget is not None:  # a budget's message, as every budget's reads
             return f"{method}: {name} must be {self.description}, got {value!r}"
-        return f"{name} must be {self.description}, got {value!r}"
+        return f"{name} must be {self.description}, got {self.got(value)}"
+
+    def got(self, value) -> str:
+        first = next((a for a in self.alternatives if isinstance(a, Constraint)), None)
+        return repr(value) if first is None else first.got(value)
+
+
+@dataclass(frozen=True)
+class PositiveValues(Constraint):
+    """A finite positive number, or an array or tensor of them of at most ``most_dims``
+    dimensions (one step size per chain, a diagonal mass matrix per chain); ``shape`` words the
+    shape an array takes in the message (``"(num_chains,)"``)."""
+
+    most_dims: int = 1
+    shape: str = ""
+
+    @property
+    def description(self) -> str:
+        return f"a finite positive number or an array of them{' of shape ' + self.shape if self.shape else ''}"
+
+    def takes(self, value) -> bool:
+        return self.problem(value) is None
+
+    def got(self, value) -> str:
+        return self.problem(value) or repr(value)
+
+    def problem(self, value) -> Optional[str]:
+        """``None`` for a value it takes, else what is wrong with it (an array by its shape or
+        its first bad entry, not by all its entries)."""
+        if isinstance(value, bool):
+            return repr(value)
+        if _is_real(value):
+            return None if value > 0 and math.isfinite(value) else repr(value)
+        try:
+            t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value, device="cpu")  # an array: read on the host
+        except (TypeError, ValueError, RuntimeError):
+            return repr(value) if isinstance(value, str) else f"a value of type {type(value).__name__}"
+        if t.dtype == torch.bool or t.is_complex() or t.dim() > self.most_dims:
+            return f"a {t.dtype} array of shape {tuple(t.shape)}"
+        t = t.detach()
+        bad = ~(torch.isfinite(t) & (t > 0))
+        count = int(bad.sum())
+        if count:
+            return f"an array with {count} of its {t.numel()} entries not finite and positive (the first: {t[bad].reshape(-1)[0].item()!r})"
+        return None
 
 
 @dataclass(frozen=True)

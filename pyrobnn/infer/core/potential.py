@@ -98,6 +98,16 @@ class FlatPotential:
             raise ValueError(f"the sites hold different numbers of chains: {sorted(chains)}")
         return torch.cat(blocks, 1)
 
+    def pack_draws(self, samples: dict):
+        """The inverse of :meth:`unpack_draws`: flat unconstrained draws ``(chains, draws, dim)``
+        from a posterior's ``{site: (chains, draws, *shape)}``."""
+        shapes = {tuple(v.shape[:2]) for v in samples.values()}
+        if len(shapes) != 1:
+            raise ValueError(f"the sites hold different (chains, draws): {sorted(shapes)}")
+        (chains, draws), = shapes
+        z = self.pack({k: v.reshape((chains * draws,) + tuple(v.shape[2:])) for k, v in samples.items()})
+        return z.reshape(chains, draws, self.dim)
+
     def log_weight_prior(self, w):
         """``log p(w)`` per row of ``w`` ``(rows, dim)``, over the weight sites only (the latent
         sites' blocks are not read): e.g. at ``z - anchors`` for the anchored (randomized MAP)

@@ -35,7 +35,7 @@ from pyrobnn.utils.runtime import compiled
 __all__ = [
     "NUTSState", "NUTSSettings", "NUTSRandoms", "NUTSInfo", "Trajectory", "NUTS", "nuts_step", "nuts_transition", "native_nuts_step", "transition_uniforms",
     "find_step_size", "DualAveraging", "dual_averaging_init", "dual_averaging_update", "Welford", "welford_init", "welford_update",
-    "welford_variance", "warmup_windows", "WindowAdaptationState", "WindowAdaptation",
+    "welford_variance", "draws_variance", "warmup_windows", "WindowAdaptationState", "WindowAdaptation",
 ]
 
 
@@ -441,6 +441,15 @@ def welford_variance(state: Welford):
     return (n / (n + 5.0)) * var + 1e-3 * (5.0 / (n + 5.0))
 
 
+def draws_variance(draws):
+    """Per chain, the regularized variance (:func:`welford_variance`) of ``draws`` ``(chains, n,
+    dim)``: a diagonal inverse mass matrix ``(chains, dim)`` estimated from a run's kept draws, as
+    a window of the warm-up estimates it from its own."""
+    n = draws.shape[1]
+    mean = draws.mean(1)
+    return welford_variance(Welford(n, mean, ((draws - mean.unsqueeze(1)) ** 2).sum(1)))
+
+
 def warmup_windows(num_warmup: int, init_buffer: int = 75, term_buffer: int = 50, base_window: int = 25, min_term_buffer: int = 20):
     """Iterations at which the windowed adaptation ends a mass-matrix window (Stan's schedule).
 
@@ -488,24 +497,44 @@ class WindowAdaptation(Adaptation):
     ``num_warmup`` transitions: dual averaging of the step size towards ``target_accept``
     throughout, and a diagonal inverse mass matrix estimated in doubling windows
     (:func:`warmup_windows`), each ending with a fresh step-size search (:func:`find_step_size`);
-    the last transition of the warm-up takes the averaged step size."""
+    the last transition of the warm-up takes the averaged step size.
+
+    Started from a given ``step_size`` (``()`` or ``(C,)``) the first search is skipped; a given
+    ``inv_mass`` (``()``, ``(D,)`` or ``(C, D)``) replaces the unit matrix the warm-up starts
+    from. With ``adapt_mass_matrix=False`` (NumPyro's and Pyro's name) no window is made: the
+    matrix is held and the step size adapts by dual averaging through the whole warm-up, as a
+    refit on a few more points may start from the previous fit's."""
 
     State = WindowAdaptationState
 
-    def __init__(self, num_warmup: int, target_accept: float = 0.8):
+    def __init__(self, num_warmup: int, target_accept: float = 0.8, step_size=None, inv_mass=None, adapt_mass_matrix: bool = True):
         self.num_steps, self.target_accept = num_warmup, target_accept
-        self.window_ends = frozenset(warmup_windows(num_warmup))
+        self.step_size, self.inv_mass = step_size, inv_mass
+        self.window_ends = frozenset(warmup_windows(num_warmup)) if adapt_mass_matrix else frozenset()
         self.window_start = 75 if num_warmup >= 150 else int(0.15 * num_warmup)
 
     def init(self, state: NUTSState, data, generator) -> WindowAdaptationState:
-        inv_mass = torch.ones_like(state.z)
-        step_size = find_step_size(data.next_target(), state, inv_mass, generator=generator)
-        return WindowAdaptationState(step_size, inv_mass, dual_averaging_init(step_size), welford_init(state.z))
+        z = state.z
+        chains, dim = z.shape
+        if self.inv_mass is None:
+            inv_mass = torch.ones_like(z)
+        else:
+            if tuple(self.inv_mass.shape) not in ((), (dim,), (chains, dim)):
+                raise ValueError(f"inv_mass must be a number or have shape ({dim},) or ({chains}, {dim}) (the chains, the model's "
+                                 f"unconstrained parameters), got shape {tuple(self.inv_mass.shape)}")
+            inv_mass = self.inv_mass.to(z).expand(chains, dim).clone()
+        if self.step_size is None:
+            step_size = find_step_size(data.next_target(), state, inv_mass, generator=generator)
+        else:
+            if tuple(self.step_size.shape) not in ((), (chains,)):
+                raise ValueError(f"step_size must be a number or have shape ({chains},) (one per chain), got shape {tuple(self.step_size.shape)}")
+            step_size = self.step_size.to(z).expand(chains).clone()
+        return WindowAdaptationState(step_size, inv_mass, dual_averaging_init(step_size), welford_init(z))
 
     def update(self, tuning: WindowAdaptationState, i, state: NUTSState, info: NUTSInfo, target, generator) -> WindowAdaptationState:
         dual, step_size = dual_averaging_update(tuning.dual, info.accept_prob, self.target_accept)
         inv_mass, variance = tuning.inv_mass, tuning.variance
-        if i >= self.window_start:
+        if self.window_ends and i >= self.window_start:
             variance = welford_update(variance, state.z)
         if i + 1 in self.window_ends:
             inv_mass, variance = welford_variance(variance), welford_init(state.z)

@@ -12,21 +12,22 @@ import time
 import pyro
 import torch
 
-from pyrobnn.infer.core.checkpoints import Checkpointing
+from pyrobnn.infer.core.checkpoints import Checkpointing, digest
 from pyrobnn.infer.core.kernel import FullBatch
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.runner import RunSettings, Sampler, sample
 from pyrobnn.infer.mcmc import native as native_kernels
 from pyrobnn.infer.mcmc.backend import BACKENDS, choose_path
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCAdaptation
-from pyrobnn.infer.mcmc.nuts_kernel import NUTS, WindowAdaptation
+from pyrobnn.infer.mcmc.nuts_kernel import NUTS, WindowAdaptation, draws_variance
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.methods import CHAIN_WARM_START, MethodSpec, checked, latent_only_support, register, samples_cover_thinning
-from pyrobnn.utils.constraints import Either, Interval, OneOf, Phases, Positive, PositiveInt
+from pyrobnn.utils.constraints import Either, Flag, Interval, OneOf, Phases, Positive, PositiveInt, PositiveValues
 from pyrobnn.utils.modes import eval_mode
 from pyrobnn.utils.runtime import tensor_defaults
 from pyrobnn.utils.validation import validate_training_data
 
-__all__ = ["nuts", "mclmc", "pyro_nuts", "FullBatchSampler", "mile_decoherence_length"]
+__all__ = ["nuts", "mclmc", "pyro_nuts", "FullBatchSampler", "mile_decoherence_length", "nuts_adaptation_of"]
 
 
 class FullBatchSampler(Sampler):
@@ -77,6 +78,9 @@ def nuts(
     num_chains: int = 4,
     max_tree_depth: int = 10,
     target_accept: float = 0.8,
+    step_size=None,
+    inv_mass=None,
+    adapt_mass_matrix: bool = True,
     seed: int = 0,
     init_radius: float = 2.0,
     backend: str = "auto",
@@ -104,6 +108,16 @@ def nuts(
     :param max_tree_depth: the most doublings of a trajectory (at most ``2**max_tree_depth - 1``
         leapfrog steps per iteration).
     :param target_accept: the mean acceptance statistic the step size adapts to, in (0, 1).
+    :param step_size: the step size the warm-up starts from, one for all chains or one per chain
+        (``(num_chains,)``); ``None`` (default): found by halving and doubling (Hoffman & Gelman
+        2014, algorithm 4). With ``num_warmup=0`` the run keeps it.
+    :param inv_mass: the diagonal inverse mass matrix the warm-up starts from, one number, ``(D,)``
+        for all chains or ``(num_chains, D)`` (``D``: the model's unconstrained parameters);
+        ``None`` (default): the unit matrix. NumPyro's ``inverse_mass_matrix``.
+    :param adapt_mass_matrix: whether the warm-up estimates the matrix in Stan's windows (the
+        default); ``False`` holds it, adapting only the step size. A refit on more data can start
+        from the previous result's adaptation (:func:`nuts_adaptation_of`), as a
+        Bayesian-optimization surrogate's warm refit does.
     :param seed: seeds the starting positions and every random number of the run.
     :param init_radius: chains start from uniform draws on ``[-init_radius, init_radius]`` in
         unconstrained space, as Pyro's and Stan's do (unless ``init`` gives the starts).
@@ -141,14 +155,47 @@ def nuts(
         ``diverging`` and the potential (``energy``), and per chain the adapted ``step_size`` and
         ``inv_mass``.
     """
+    step_size, inv_mass = _host_tensor(step_size), _host_tensor(inv_mass)
     settings = dict(
         num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains, max_tree_depth=max_tree_depth,
-        target_accept=target_accept, seed=seed, init_radius=init_radius, backend=backend, init=init, num_processes=num_processes,
+        target_accept=target_accept, step_size=_recorded(step_size), inv_mass=_recorded(inv_mass),
+        adapt_mass_matrix=adapt_mass_matrix, seed=seed, init_radius=init_radius, backend=backend, init=init,
+        num_processes=num_processes,
     )
-    sampler = FullBatchSampler(NUTS(max_tree_depth), WindowAdaptation(num_warmup, target_accept), settings, bound=True)
+    adaptation = WindowAdaptation(num_warmup, target_accept, step_size=step_size, inv_mass=inv_mass, adapt_mass_matrix=adapt_mass_matrix)
+    sampler = FullBatchSampler(NUTS(max_tree_depth), adaptation, settings, bound=True)
     run = RunSettings(num_samples=num_samples, num_chains=num_chains, init=init, init_radius=init_radius, seed=seed, backend=backend,
                       progress=progress, checkpoint=Checkpointing.of(checkpoint), num_processes=num_processes)
     return sample(model, x, y, sampler, run)
+
+
+def _host_tensor(value):
+    """A step size or mass matrix the constraints took (a number, an array, a tensor) as a
+    detached floating tensor; ``None`` stays ``None``. A tensor stays on its device, a number or
+    an array is made on the host: the adaptation moves it to the chains' device and dtype."""
+    if value is None:
+        return None
+    t = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value, device="cpu")
+    return t if t.is_floating_point() else t.to(torch.get_default_dtype())
+
+
+def _per_chain_in_one_process(options):
+    """The rule of :func:`nuts`: a step size or mass matrix per chain is for one process (its
+    chains are not split among processes)."""
+    per_chain = [name for name, dims in (("step_size", 1), ("inv_mass", 2))
+                 if options.get(name) is not None and _host_tensor(options[name]).dim() == dims]
+    if per_chain and options.get("num_processes", 1) != 1:
+        return (f"nuts: {' and '.join(per_chain)} per chain cannot be split over num_processes={options['num_processes']}: "
+                "give one for all chains (a number; a (D,) inv_mass) or run in one process")
+    return None
+
+
+def _recorded(value):
+    """How the settings record a given step size or mass matrix: a number as itself, a tensor by
+    its SHA-256 (a checkpoint's identity compares it; the values are in the result's stats)."""
+    if value is None or value.dim() == 0:
+        return None if value is None else float(value)
+    return f"sha256:{digest(value)}"
 
 
 def mile_decoherence_length(dim: int) -> float:
@@ -295,10 +342,35 @@ _RUN_CONSTRAINTS = {
     "init_radius": Positive(), "backend": OneOf(BACKENDS), "num_processes": PositiveInt(),
 }
 
+
+def nuts_adaptation_of(posterior, model=None) -> dict:
+    """The adaptation a NUTS run on more data can start from (:func:`nuts`'s ``step_size`` and
+    ``inv_mass``), one per chain of ``posterior`` (a :func:`nuts` result): the step size each
+    chain ended its run with, and a diagonal inverse mass matrix, the variance of each chain's
+    draws in the unconstrained coordinates of ``model`` (default: the posterior's own), regularized
+    as Stan's windows are (:func:`~pyrobnn.infer.mcmc.nuts_kernel.draws_variance`).
+
+    Not the run's own ``stats["inv_mass"]``: that is the matrix the run *used*, which for a run
+    that held a given one is the one it was given, so refits that carried it would hold the
+    first fit's matrix while the posterior narrows with the data (on Branin the step sizes fell
+    from 0.010 to 0.0007 over seven refits; docs/bayesopt.md, "NUTS's refits from the previous
+    adaptation"). The draws' variance is the latest posterior's own."""
+    step_size = posterior.stats.get("step_size")
+    if step_size is None or step_size.dim() != 1 or step_size.shape[0] != posterior.num_chains:
+        raise ValueError(f"posterior must be a NUTS result with one step size per chain in its stats (stats['step_size'] of shape "
+                         f"({posterior.num_chains},)), got {None if step_size is None else tuple(step_size.shape)}")
+    draws = FlatPotential(posterior.model if model is None else model).pack_draws(posterior.samples)
+    return {"step_size": step_size.detach().clone(), "inv_mass": draws_variance(draws.detach())}
+
+
 register(MethodSpec(
     "nuts", "NUTS, all chains batched (native, compiled or eager backend)", "mcmc", nuts, latent_only_support(),
     budgets={"num_samples": 1, "num_warmup": 0, "num_chains": 1, "max_tree_depth": 1},
-    constraints={"target_accept": Interval(0.0, 1.0), **_RUN_CONSTRAINTS},
+    constraints={
+        "target_accept": Interval(0.0, 1.0), "step_size": Either(PositiveValues(1, "(num_chains,)"), None),
+        "inv_mass": Either(PositiveValues(2, "(D,) or (num_chains, D)"), None), "adapt_mass_matrix": Flag(), **_RUN_CONSTRAINTS,
+    },
+    rules=(_per_chain_in_one_process,),
     quick={"num_samples": 4, "num_warmup": 4, "num_chains": 2, "max_tree_depth": 3, "progress": False},
     # as a surrogate: chains from the prior's draws, not the box, whose networks a 200-step warm-up
     # did not bring back (predictive sds of thousands away from the data on Levy-20); so started,
@@ -306,6 +378,11 @@ register(MethodSpec(
     # (docs/bayesopt.md, "Where the chains start", 2026-11-28)
     bo_options=dict(num_samples=64, num_warmup=200, num_chains=4, max_tree_depth=6, init="prior"),
     bo_limit_network=True,
+    # a refit's chains go on from their last draws with a quarter of the warm-up, adapting from
+    # scratch: starting it from the previous run's step sizes and its draws' variance
+    # (nuts_adaptation_of) was level in held-out NLL over 8 problems, worse on Branin and
+    # Griewank-8 at any warm-up length (docs/bayesopt.md, "NUTS's refits from the previous
+    # adaptation", 2026-12-06)
     warm_start=CHAIN_WARM_START,
 ))
 register(MethodSpec(
