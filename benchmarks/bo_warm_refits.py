@@ -1,0 +1,178 @@
+"""NUTS's warm refits along a Bayesian-optimization run: what carrying the adaptation buys.
+
+    python benchmarks/bo_warm_refits.py --quick       # Branin, 1 design, 3 refits: minutes
+    python benchmarks/bo_warm_refits.py               # the development problems, 2 designs, 7 refits each
+    python benchmarks/bo_warm_refits.py --problems rosenbrock5 levy4 griewank8 styblinskitang10   # held out
+
+A BO run refits its surrogate after every batch on a few more points. NUTS's refit (the
+surrogate's ``refit``, ``warm_fraction`` 0.25) continues each chain from its last draw; how its
+warm-up starts is the question here. Side by side on the same data, each variant refitting from
+its own previous fit:
+
+- ``restart``: the registered warm start, the warm-up as a cold run's, shortened (a quarter of
+  the cold fit's: a step-size search from scratch, a unit mass matrix re-estimated in a window);
+- ``carried:W``: each chain's step size and a diagonal inverse mass matrix from the previous
+  posterior's draws (:func:`pyrobnn.infer.mcmc.samplers.nuts_adaptation_of`), held through a
+  warm-up of ``W`` iterations that adapts the step size alone;
+- ``carried-stats:W``: as ``carried:W``, with the matrix the previous run used
+  (``stats["inv_mass"]``) in place of its draws' variance;
+- ``carried-windows:W``: as ``carried:W``, the matrix only the warm-up's start, re-estimated in
+  its windows (``adapt_mass_matrix=True``; a warm-up under 20 iterations has none).
+
+The data are ``bayesopt.py``'s ``n_init`` scrambled Sobol points of each design, then ``q``
+points of a second Sobol sequence per refit (as ``bo_step_cost.py``), the surrogate fitted with
+``bayesopt.py``'s options at the budget (its prior calibrated at every fit). The cold fit is made
+once and shared; then the variants take turns within each refit (the order rotates). Per refit:
+the fit's seconds, NUTS's leapfrog steps per draw, the mean step size, the divergent transitions,
+and the held-out Gaussian NLL and 90% coverage of ``bo_calibration.py`` (``N_TEST`` uniform points,
+the outcomes standardized by the training data's mean and sd). Torch and the BLAS libraries run
+on one thread. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bayesopt  # noqa: E402
+import bo_calibration  # noqa: E402
+from bo_problems import DEVELOPMENT, problem, single_objective  # noqa: E402
+from pyrobnn import methods  # noqa: E402
+from pyrobnn.infer.mcmc.samplers import nuts_adaptation_of  # noqa: E402
+
+
+def variant_warm_start(variant: str) -> methods.WarmStart:
+    """The warm start a variant name stands for (the module docstring lists them)."""
+    if variant == "restart":
+        return methods.CHAIN_WARM_START
+    kind, _, warmup = variant.partition(":")
+    if kind not in ("carried", "carried-stats", "carried-windows") or not warmup.isdigit():
+        raise ValueError(f"unknown variant {variant!r}: restart, carried:W, carried-stats:W or carried-windows:W (W iterations)")
+
+    def prepare(model, previous, x, y, options, fraction, seed):
+        carried = nuts_adaptation_of(previous, model)
+        if kind == "carried-stats":
+            carried["inv_mass"] = previous.stats["inv_mass"]
+        return dict(options, **carried, num_warmup=int(warmup), adapt_mass_matrix=kind == "carried-windows")
+
+    return methods.WarmStart(init="init", count="num_chains", prepare=prepare,
+                             names=("step_size", "inv_mass", "num_warmup", "adapt_mass_matrix"))
+
+
+def refit_scores(model, X_test, Y_test, Y):
+    """The held-out NLL and coverage of ``bo_calibration.scores`` and NUTS's statistics of a fit."""
+    nll, coverage = bo_calibration.scores(model, X_test, Y_test, Y.mean(0), Y.std(0))
+    stats = model.result.stats
+    return dict(nll=round(nll, 4), coverage=round(coverage, 4), leapfrogs=round(stats["num_steps"].double().mean().item(), 2),
+                step_size=float(stats["step_size"].double().mean()), divergences=int(stats["diverging"].sum()),
+                warmup=model.result.settings["num_warmup"])
+
+
+def run(name, design, variants, refits, budget):
+    """Each variant's refits along one design of ``name``: a list of per-refit records."""
+    from torch.quasirandom import SobolEngine
+
+    settings = bayesopt.QUICK if budget == "quick" else bayesopt.FULL
+    settings = dict(settings, activations=None)
+    p = problem(name)
+    X = SobolEngine(p.d, scramble=True, seed=design).draw(settings["n_init"]).to(torch.float64)
+    more = SobolEngine(p.d, scramble=True, seed=10_000 + design)
+    Y = p.f(X)
+    g = torch.Generator(device="cpu").manual_seed(1000 + design)
+    X_test = torch.rand(bo_calibration.N_TEST, p.d, generator=g, dtype=torch.float64, device="cpu")
+    Y_test = p.f(X_test)
+    registered = methods.spec("nuts")
+    start = time.perf_counter()
+    cold = bayesopt.fit_model("nuts", X, Y, design, settings, budget)
+    records = [dict(problem=name, design=design, variant="cold", n=X.shape[0], seconds=round(time.perf_counter() - start, 3),
+                    **refit_scores(cold, X_test, Y_test, Y))]
+    print(records[-1], flush=True)
+    models = dict.fromkeys(variants, cold)
+    try:
+        for k in range(refits):
+            new = more.draw(settings["q"]).to(torch.float64)
+            X, Y = torch.cat([X, new]), torch.cat([Y, p.f(new)])
+            for variant in variants[k % len(variants):] + variants[: k % len(variants)]:
+                methods.METHODS["nuts"] = dataclasses.replace(registered, warm_start=variant_warm_start(variant))
+                start = time.perf_counter()
+                models[variant] = bayesopt.fit_model("nuts", X, Y, design, settings, budget, previous=models[variant])
+                seconds = time.perf_counter() - start
+                records.append(dict(problem=name, design=design, variant=variant, n=X.shape[0], seconds=round(seconds, 3),
+                                    **refit_scores(models[variant], X_test, Y_test, Y)))
+                print(records[-1], flush=True)
+    finally:
+        methods.METHODS["nuts"] = registered
+    return records
+
+
+def summarize(records, variants):
+    """Per variant over every refit: the median seconds, leapfrogs per draw, and NLL, and the
+    refits whose NLL is below the ``restart`` variant's at the same problem, design and n."""
+    base = {(r["problem"], r["design"], r["n"]): r["nll"] for r in records if r["variant"] == "restart"}
+    out = {}
+    for v in variants:
+        rows = [r for r in records if r["variant"] == v]
+        paired = [r["nll"] - base[(r["problem"], r["design"], r["n"])] for r in rows if (r["problem"], r["design"], r["n"]) in base]
+        out[v] = dict(refits=len(rows), seconds=statistics.median(r["seconds"] for r in rows),
+                      leapfrogs=statistics.median(r["leapfrogs"] for r in rows), nll=statistics.median(r["nll"] for r in rows),
+                      divergences=sum(r["divergences"] for r in rows),
+                      nll_below_restart=sum(d < 0 for d in paired) if v != "restart" else None,
+                      nll_difference_to_restart=statistics.median(paired) if paired and v != "restart" else None)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="Branin, one design, 3 refits, the quick budget")
+    parser.add_argument("--problems", nargs="+", default=None, help="default: the development problems")
+    parser.add_argument("--designs", type=int, default=2, help="Sobol designs (seeds 0, 1, ...) per problem")
+    parser.add_argument("--refits", type=int, default=None, help="refits after the cold fit (default: bayesopt.py's steps less one)")
+    parser.add_argument("--variants", nargs="+", default=["restart", "carried:10", "carried:50", "carried-windows:50"],
+                        help="restart, carried:W, carried-stats:W, carried-windows:W")
+    args = parser.parse_args(argv)
+    if "restart" not in args.variants:
+        parser.error("--variants must include restart, the registered warm start the others are compared with")
+    for v in args.variants:
+        try:
+            variant_warm_start(v)
+        except ValueError as e:
+            parser.error(f"--variants: {e}")
+    if args.designs < 1:
+        parser.error(f"--designs must be at least 1, got {args.designs}")
+    problems = args.problems or (["branin"] if args.quick else DEVELOPMENT)
+    known = single_objective()
+    if any(p not in known for p in problems):
+        parser.error(f"--problems: {[p for p in problems if p not in known]} are not single-objective problems of bo_problems.py")
+    budget = "quick" if args.quick else "full"
+    refits = args.refits if args.refits is not None else (3 if args.quick else bayesopt.FULL["steps"] - 1)
+    designs = 1 if args.quick else args.designs
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    records = []
+    with threadpool_limits(1):
+        for name in problems:
+            for design in range(designs):
+                records += run(name, design, args.variants, refits, budget)
+    summary = summarize(records, args.variants)
+    print("\nper variant over every refit: median seconds, leapfrogs per draw, held-out NLL; refits with a lower NLL than restart's")
+    for v, s in summary.items():
+        paired = "" if s["nll_below_restart"] is None else f"   NLL below restart's in {s['nll_below_restart']} of {s['refits']} (median difference {s['nll_difference_to_restart']:+.3f})"
+        print(f"  {v:18s} {s['seconds']:6.2f} s  {s['leapfrogs']:5.1f} leapfrogs  NLL {s['nll']:7.3f}  {s['divergences']} divergent{paired}")
+    print(json.dumps(dict(settings=dict(problems=problems, designs=designs, refits=refits, budget=budget, variants=args.variants),
+                          records=records, summary=summary)))
+
+
+if __name__ == "__main__":
+    main()
