@@ -5,7 +5,10 @@ per chain, at 1, 4, 16 and 64 chains, for each of our paths and for JAX/XLA.
     python benchmarks/leaf_speed.py --quick    # fewer repetitions
 
 Models: the 1-50-1 tanh network of ``hmc_speed.py`` (100 points) and MILE's 16-16 ReLU network
-with a heteroscedastic output on 215 points (yacht's training part), float32. Paths:
+with a heteroscedastic output on 215 points (yacht's training part), float32; and the Bayesian-
+optimization surrogates' network (``bayesopt.py``: 50-50 erf units behind a fixed input map,
+a constant output offset, float64) on 30 points in 2-D and 42 in 6-D, the sizes of a BO run's
+refits (no JAX row: its JAX twin is not written). Paths:
 
 - ``native``: :mod:`pyrobnn.infer.mcmc.native` (the hand-derived kernels), one call for all chains;
 - ``compiled``: ``FlatPotential.value_and_grad_functional`` under ``torch.compile`` (the torch
@@ -16,7 +19,13 @@ with a heteroscedastic output on 215 points (yacht's training part), float32. Pa
   BlackJAX's leapfrog and isokinetic steps evaluate, without their integrator's own work.
 
 All run on ``--threads`` threads (default 1: the per-core cost). Each figure is the best of five
-rounds of repeated calls. The last line is one JSON object.
+rounds of repeated calls. ``--against REV`` also builds the native kernels' source at git
+revision ``REV`` (with today's flags and constants header: for revisions whose kernels take the
+same model record) and times it beside today's, as ``native@REV``, in the same rounds;
+``--scalar-math`` does so for today's source built without glibc's vector math library (what a
+machine without it runs). The last line is one JSON object.
+
+    python benchmarks/leaf_speed.py --quick --skip-jax --against 4436aae --scalar-math   # the kernels before 2026-12-06
 """
 
 from __future__ import annotations
@@ -37,8 +46,12 @@ CHAINS = (1, 4, 16, 64)
 
 
 def problems():
+    """``(label, model, x, y, activation)``; ``activation`` is ``None`` where no JAX twin exists."""
     import hmc_speed
     import uci_sampling
+
+    from pyrobnn import GaussianLikelihood
+    from pyrobnn.models.infinite_width import InfiniteWidthMLP
 
     torch.manual_seed(0)
     x, y = hmc_speed.data()
@@ -46,6 +59,12 @@ def problems():
     x = torch.randn(215, 6)
     y = torch.randn(215, 1)
     yield "6-16-16-2 ReLU heteroscedastic, N=215", uci_sampling.mile_model(6), x, y, "relu"
+    for d, n in ((2, 30), (6, 42)):  # the surrogates' network at a BO run's sizes
+        f64 = torch.float64
+        limit = InfiniteWidthMLP("erf", (1.0, 1.5, 1.5), (1.0,) * 3, torch.full((d,), 0.5, dtype=f64), torch.full((d,), 2.0, dtype=f64),
+                                 output_mean=torch.tensor([0.3], dtype=f64))
+        model = limit.bayesian_model(GaussianLikelihood(scale=0.1), out_features=1, width=50, dtype=f64)
+        yield f"{d}-50-50-1 erf (BO surrogate), float64, N={n}", model, torch.rand(n, d, dtype=f64), torch.randn(n, 1, dtype=f64), None
 
 
 def best_time(fn, z, repeats):
@@ -59,26 +78,68 @@ def best_time(fn, z, repeats):
     return best
 
 
-def torch_rows(quick):
+def library_at(revision=None, vector_math=True):
+    """The native kernels' source at git ``revision`` (``None``: today's), built with today's
+    flags (without glibc's vector math library unless ``vector_math``) and constants header
+    into a temporary folder: ``(name, ctypes library)``."""
+    import ctypes
+    import tempfile
+
+    from pyrobnn.infer.mcmc.native import build, constants
+
+    if revision is None:
+        with open(build.SOURCE) as f:
+            source = f.read()
+    else:
+        root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        source = subprocess.run(["git", "show", f"{revision}:pyrobnn/infer/mcmc/native/mlp_kernels.cpp"], capture_output=True,
+                                text=True, check=True, cwd=root).stdout
+    folder = tempfile.mkdtemp(prefix="pyrobnn-kernels-")
+    with open(os.path.join(folder, "kernels.cpp"), "w") as f:
+        f.write(source)
+    with open(os.path.join(folder, constants.HEADER_NAME), "w") as f:
+        f.write(constants.header())
+    out = os.path.join(folder, "lib.so")
+    for vector in ((build.VECTOR_MATH, []) if vector_math else ([],)):
+        cmd = [build._compiler(), *build.FLAGS, "-march=native", f"-I{folder}", os.path.join(folder, "kernels.cpp"), "-o", out, *vector]
+        if subprocess.run(cmd, capture_output=True).returncode == 0:
+            break
+    else:
+        raise RuntimeError(f"the kernels at {revision or 'this checkout'} did not build")
+    lib = ctypes.CDLL(out)
+    build._declare(lib)
+    return (f"native@{revision}" if revision else "native, scalar math"), lib
+
+
+def torch_rows(quick, against=None, scalar_math=False):
+    import copy
+
     import pyro
 
     from pyrobnn.infer.mcmc import native
     from pyrobnn.infer.core.potential import FlatPotential
 
+    others = ([library_at(against)] if against else []) + ([library_at(None, vector_math=False)] if scalar_math else [])
     rows = []
     for label, model, x, y, _ in problems():
         potential = FlatPotential(model.eval(), x, y)
         kernel = native.NativeMLP(potential)
+        paths = [("native", kernel.value_and_grad)]
+        for name, lib in others:
+            other = copy.copy(kernel)
+            other.lib = lib
+            paths.append((name, other.value_and_grad))
         with torch.no_grad(), pyro.validation_enabled(False):
             for chains in CHAINS:
-                z = torch.randn(chains, potential.dim) * 0.3
+                z = torch.randn(chains, potential.dim, dtype=model.dtype) * 0.3
                 start = time.perf_counter()
                 compiled = torch.compile(potential.value_and_grad_functional, dynamic=False)
                 compiled(z)
                 compile_s = time.perf_counter() - start
                 repeats = max(3, (200 if quick else 1000) // chains)
                 row = {"problem": label, "chains": chains, "compile_s": round(compile_s, 1)}
-                for name, fn in (("native", kernel.value_and_grad), ("compiled", compiled), ("eager", potential.value_and_grad)):
+                for name, fn in paths + [("compiled", compiled), ("eager", potential.value_and_grad)]:
                     row[name] = best_time(fn, z, repeats if name != "eager" else max(3, repeats // 10)) / chains * 1e6
                 rows.append(row)
         kernel.close()
@@ -122,6 +183,8 @@ def jax_rows(quick, threads):
 
     specs = []
     for label, model, x, y, activation in problems():
+        if activation is None:
+            continue
         potential = FlatPotential(model.eval(), x, y)
         specs.append({
             "label": label, "x": x.tolist(), "y": y.tolist(), "dim": potential.dim, "activation": activation,
@@ -149,20 +212,26 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-jax", action="store_true")
+    parser.add_argument("--against", metavar="REV", default=None, help="also time the native kernels' source at this git revision")
+    parser.add_argument("--scalar-math", action="store_true", help="also time today's kernels built without glibc's vector math library")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = torch_rows(args.quick)
+    rows = torch_rows(args.quick, args.against, args.scalar_math)
     if not args.skip_jax:
         jax = {(r["problem"], r["chains"]): r["jax"] for r in jax_rows(args.quick, args.threads)}
         for row in rows:
             if (row["problem"], row["chains"]) in jax:
                 row["jax"] = jax[(row["problem"], row["chains"])]
-    print(f"us per chain per potential-and-gradient evaluation, {args.threads} thread(s)")
-    print(f"{'problem':40s} {'chains':>6s} {'native':>8s} {'compiled':>9s} {'eager':>8s} {'jax':>8s} {'compile (s)':>11s}")
+    extra = ([f"native@{args.against}"] if args.against else []) + (["native, scalar math"] if args.scalar_math else [])
+    print(f"us per chain per potential-and-gradient evaluation, {args.threads} thread(s); beside each other build, today's speed-up over it")
+    print(f"{'problem':48s} {'chains':>6s} {'native':>8s}" + "".join(f" {name:>20s} {'speed-up':>8s}" for name in extra)
+          + f" {'compiled':>9s} {'eager':>8s} {'jax':>8s} {'compile (s)':>11s}")
     for r in rows:
         jax_text = f"{r['jax']:8.2f}" if "jax" in r else f"{'':>8s}"
-        print(f"{r['problem']:40s} {r['chains']:6d} {r['native']:8.2f} {r['compiled']:9.2f} {r['eager']:8.1f} {jax_text} {r['compile_s']:11.1f}")
-    summary = {f"{r['problem'].split(',')[0]}/{r['chains']}/{k}": round(r[k], 2) for r in rows for k in ("native", "compiled", "eager", "jax") if k in r}
+        other_text = "".join(f" {r[name]:20.2f} {r[name] / r['native']:7.2f}x" for name in extra)
+        print(f"{r['problem']:48s} {r['chains']:6d} {r['native']:8.2f}{other_text} {r['compiled']:9.2f} {r['eager']:8.1f} {jax_text} {r['compile_s']:11.1f}")
+    keys = ("native", *extra, "compiled", "eager", "jax")
+    summary = {f"{r['problem'].split(',')[0]}/{r['chains']}/{k}": round(r[k], 2) for r in rows for k in keys if k in r}
     print(json.dumps(summary))
     return summary
 

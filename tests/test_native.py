@@ -63,6 +63,46 @@ def test_value_and_gradient_are_autograds(activation, case):
     assert_native_is_autograd(potential, native.NativeMLP(potential), torch.randn(3, potential.dim, dtype=F64) * 0.7)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("n, hidden", [(3, (9, 17)), (11, (9, 17)), (37, (17, 4)), (130, (9, 17)), (300, (33, 1))])
+def test_every_shape_of_the_blocked_products_is_autograds(n, hidden, dtype):
+    """The layer products are register-blocked (mlp_kernels.cpp, "dense products"): full tiles,
+    the last tile of a row or column overlapping the one before, one row at a time under four
+    rows, vectors of half the width or one point at a time for few points, and the weights'
+    gradient through the transposed layer input (few points, a wide layer) or by sums over the
+    points (many points, or a narrow layer). Points from under one vector to several tiles, and
+    layers from 1 to 33 units, cover each branch for both dtypes, against float64 autograd."""
+    torch.manual_seed(n)
+    x, y = torch.randn(n, 3, dtype=F64), torch.randn(n, 2, dtype=F64)
+    model = pyrobnn.BayesianModel(pyrobnn.MLP(3, 2, hidden=hidden, activation=Erf).double(), pyrobnn.GaussianLikelihood(scale=0.5),
+                                  pyrobnn.NormalPrior(1.0, fan_in=True)).eval()
+    reference = FlatPotential(model, x, y)
+    z = torch.randn(3, reference.dim, dtype=F64) * 0.7
+    if dtype == torch.float64:
+        assert_native_is_autograd(reference, native.NativeMLP(reference), z)
+        return
+    low = FlatPotential(copy.deepcopy(model).float(), x.float(), y.float())
+    u, g = native.NativeMLP(low).value_and_grad(z.float())
+    u_ref, g_ref = reference.value_and_grad(z)
+    assert ((u.double() - u_ref).abs() / u_ref.abs()).max() < 1e-5
+    assert ((g.double() - g_ref).abs().max(-1).values / g_ref.abs().max(-1).values).max() < 1e-5
+
+
+def test_a_build_without_the_vector_math_library_computes_the_same(fresh_cache, monkeypatch):
+    """Where glibc's vector math library is missing (not glibc on x86-64) the build goes on
+    without it (the record says how it was built) and the activations call the scalar functions:
+    the same values to rounding."""
+    monkeypatch.setattr(native.build, "VECTOR_MATH", ["-DPYROBNN_VECTOR_MATH", "-lpyrobnn_no_such_library"])
+    _, record = native.library()
+    assert record["event"] == "built" and "-lpyrobnn_no_such_library" not in record["built_with"]
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 3, dtype=F64), torch.randn(40, 1, dtype=F64)
+    for activation in ("gelu", Erf, Cos, "tanh", "sigmoid"):
+        model = pyrobnn.BayesianModel(pyrobnn.MLP(3, 1, hidden=(20, 20), activation=activation).double(), pyrobnn.GaussianLikelihood(scale=0.5)).eval()
+        potential = FlatPotential(model, x, y)
+        assert_native_is_autograd(potential, native.NativeMLP(potential), torch.randn(2, potential.dim, dtype=F64))
+
+
 def assert_native_is_autograd(potential, kernel, z):
     """The kernel's value and gradient at ``z`` equal the torch potential's; returns those."""
     u_ref, g_ref = potential.value_and_grad(z)

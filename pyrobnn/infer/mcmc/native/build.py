@@ -43,6 +43,11 @@ ABI = 1
 # -fno-trapping-math lets the compiler turn the clamps into vector selects (NaN and inf keep
 # their meaning; only floating-point exception flags may differ)
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17"]
+#: glibc's vector math library: the activations' erf, exp, sin, cos and tanh evaluated 4-16 points
+#: at a time (the gradient of the surrogates' erf network 1.6-2.0x faster with it than without;
+#: docs/logs/benchmarks.md, 2026-12-06). Tried first; a build where it is absent (not glibc on
+#: x86-64) goes without it, and the record's ``built_with`` says which.
+VECTOR_MATH = ["-DPYROBNN_VECTOR_MATH", "-lmvec"]
 #: the first build on a machine, in seconds (measured 1.9 s on the reference machine); a guess
 #: for the budget rule until this machine has built the library once
 DEFAULT_BUILD_SECONDS = 4.0
@@ -97,7 +102,7 @@ def _identity(cxx, source=None):
     ident = {
         "abi": ABI, "source_sha256": hashlib.sha256(source).hexdigest(),
         "header_sha256": hashlib.sha256(constants.header().encode()).hexdigest(), "compiler": _compiler_version(cxx),
-        "flags": FLAGS + ["-march=native"], "cpu": _cpu_features(), "machine": platform.machine(),
+        "flags": FLAGS + ["-march=native"] + VECTOR_MATH, "cpu": _cpu_features(), "machine": platform.machine(),
     }
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
     return key, ident
@@ -177,8 +182,8 @@ def _compile(folder, key, ident, cxx):
         with open(os.path.join(tmp, constants.HEADER_NAME), "w") as f:
             f.write(constants.header())
         errors = []
-        for arch in (["-march=native"], []):
-            cmd = [cxx, *FLAGS, *arch, f"-I{tmp}", SOURCE, "-o", out]
+        for arch, vector in ((["-march=native"], VECTOR_MATH), (["-march=native"], []), ([], VECTOR_MATH), ([], [])):
+            cmd = [cxx, *FLAGS, *arch, f"-I{tmp}", SOURCE, "-o", out, *vector]  # libraries after the source
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode == 0:
                 break
@@ -190,7 +195,7 @@ def _compile(folder, key, ident, cxx):
         name = f"mlp-{key}-{digest[:16]}.so"
         os.replace(out, os.path.join(folder, name))
         seconds = time.perf_counter() - start
-        record = dict(ident, file=name, sha256=digest, build_seconds=round(seconds, 3))
+        record = dict(ident, file=name, sha256=digest, build_seconds=round(seconds, 3), built_with=arch + vector)
         record_tmp = os.path.join(tmp, "record.json")
         with open(record_tmp, "w") as f:
             json.dump(record, f, indent=1)

@@ -29,6 +29,25 @@
 
 #include "pyrobnn_constants.h"
 
+// glibc's vector math library (libmvec, x86-64 Linux): these functions declared as having SIMD
+// variants, the activation loops marked `omp simd` below evaluate erf, exp, sin, cos and tanh 4
+// to 16 points at a time instead of one (glibc documents its vector variants within 4 ulp of the
+// scalar functions). The build defines PYROBNN_VECTOR_MATH and links libmvec where both exist
+// (build.py), and builds without them elsewhere, where the same loops call the scalar functions.
+#if defined(PYROBNN_VECTOR_MATH)
+extern "C" {
+__attribute__((simd("notinbranch"))) double erf(double) noexcept;
+__attribute__((simd("notinbranch"))) double exp(double) noexcept;
+__attribute__((simd("notinbranch"))) double sin(double) noexcept;
+__attribute__((simd("notinbranch"))) double cos(double) noexcept;
+__attribute__((simd("notinbranch"))) double tanh(double) noexcept;
+__attribute__((simd("notinbranch"))) float erff(float) noexcept;
+__attribute__((simd("notinbranch"))) float expf(float) noexcept;
+__attribute__((simd("notinbranch"))) float sinf(float) noexcept;
+__attribute__((simd("notinbranch"))) float cosf(float) noexcept;
+}
+#endif
+
 namespace {
 
 // ------------------------------------------------------------------------------------ model
@@ -100,15 +119,19 @@ void activate(int64_t act, const T* a, T* h, int64_t n) {
             for (int64_t i = 0; i < n; ++i) h[i] = a[i] > T(0) ? a[i] : T(0);
             break;
         case ACT_GELU:
+#pragma omp simd
             for (int64_t i = 0; i < n; ++i) h[i] = T(0.5) * a[i] * (T(1) + std::erf(a[i] * T(0.70710678118654752440)));
             break;
         case ACT_SIGMOID:
+#pragma omp simd
             for (int64_t i = 0; i < n; ++i) h[i] = T(1) / (T(1) + std::exp(-a[i]));
             break;
         case ACT_ERF:
+#pragma omp simd
             for (int64_t i = 0; i < n; ++i) h[i] = std::erf(a[i]);
             break;
         case ACT_COS:
+#pragma omp simd
             for (int64_t i = 0; i < n; ++i) h[i] = std::cos(a[i]);
             break;
         default:
@@ -129,6 +152,7 @@ void times_derivative(int64_t act, const T* a, const T* h, T* delta, int64_t n) 
             for (int64_t i = 0; i < n; ++i) delta[i] = h[i] > T(0) ? delta[i] : T(0);
             break;
         case ACT_GELU:
+#pragma omp simd
             for (int64_t i = 0; i < n; ++i) {
                 T cdf = T(0.5) * (T(1) + std::erf(a[i] * T(0.70710678118654752440)));
                 T pdf = std::exp(T(-0.5) * a[i] * a[i]) * T(0.39894228040143267794);
@@ -140,9 +164,11 @@ void times_derivative(int64_t act, const T* a, const T* h, T* delta, int64_t n) 
             for (int64_t i = 0; i < n; ++i) delta[i] *= h[i] * (T(1) - h[i]);
             break;
         case ACT_ERF:  // erf'(a) = 2 / sqrt(pi) exp(-a^2)
+#pragma omp simd
             for (int64_t i = 0; i < n; ++i) delta[i] *= T(1.12837916709551257390) * std::exp(-a[i] * a[i]);
             break;
         case ACT_COS:  // cos'(a) = -sin(a)
+#pragma omp simd
             for (int64_t i = 0; i < n; ++i) delta[i] *= -std::sin(a[i]);
             break;
         default:
@@ -150,10 +176,140 @@ void times_derivative(int64_t act, const T* a, const T* h, T* delta, int64_t n) 
     }
 }
 
+// ------------------------------------------------------------------------- dense products
+// A layer's three products (the forward pass, the weights' gradient, the delta passed back) as
+// one register-blocked kernel: C = init + A B, with C (M x N) and B (K x N) row-major and A read
+// at a[r * ar + k * ak], so that one kernel reads W, W^T or the deltas in place. A tile of MR rows
+// and NR columns (two vector registers wide) keeps its MR * NR sums in registers through the whole
+// k loop: each step loads one row of B and broadcasts MR entries of A, where the one-row updates
+// this replaces loaded and stored a row of C per multiply-add. Every entry of C is assigned, never
+// accumulated, so the last tile of a row or column that does not divide evenly overlaps the one
+// before it and recomputes the same values.
+#if defined(__AVX512F__)
+constexpr int64_t VECTOR_BYTES = 64;
+#else
+constexpr int64_t VECTOR_BYTES = 32;
+#endif
+
+template <typename T, int MR, int NR>
+inline void tile(const T* a, int64_t ar, int64_t ak, const T* b, int64_t ldb, int64_t K, const T* init, T* c, int64_t ldc) {
+    T acc[MR][NR];
+    for (int r = 0; r < MR; ++r) {
+        const T start = init ? init[r] : T(0);
+#pragma omp simd
+        for (int j = 0; j < NR; ++j) acc[r][j] = start;
+    }
+    for (int64_t k = 0; k < K; ++k) {
+        const T* bk = b + k * ldb;
+        for (int r = 0; r < MR; ++r) {
+            const T ark = a[r * ar + k * ak];
+#pragma omp simd
+            for (int j = 0; j < NR; ++j) acc[r][j] += ark * bk[j];
+        }
+    }
+    for (int r = 0; r < MR; ++r) {
+#pragma omp simd
+        for (int j = 0; j < NR; ++j) c[r * ldc + j] = acc[r][j];
+    }
+}
+
+// the column block of C at j, NR wide, over every row (tiles of 4 rows, else one at a time)
+template <typename T, int NR>
+void product_columns(const T* a, int64_t ar, int64_t ak, const T* b, int64_t ldb, int64_t M, int64_t K, const T* init, T* c,
+                     int64_t ldc, int64_t j) {
+    constexpr int MR = 4;
+    if (M < MR) {
+        for (int64_t r = 0; r < M; ++r) tile<T, 1, NR>(a + r * ar, ar, ak, b + j, ldb, K, init ? init + r : nullptr, c + r * ldc + j, ldc);
+        return;
+    }
+    for (int64_t r = 0;; r += MR) {
+        if (r + MR > M) r = M - MR;  // the last tile overlaps the one before
+        tile<T, MR, NR>(a + r * ar, ar, ak, b + j, ldb, K, init ? init + r : nullptr, c + r * ldc + j, ldc);
+        if (r + MR >= M) break;
+    }
+}
+
+// C (M x N, rows ldc apart) = init (one value per row, or none) + A B, as described above
+template <typename T>
+void product(const T* a, int64_t ar, int64_t ak, const T* b, int64_t ldb, int64_t M, int64_t K, int64_t N, const T* init, T* c,
+             int64_t ldc) {
+    constexpr int V = int(VECTOR_BYTES / sizeof(T)), NR = 2 * V;
+    if (N >= NR) {
+        for (int64_t j = 0;; j += NR) {
+            if (j + NR > N) j = N - NR;
+            product_columns<T, NR>(a, ar, ak, b, ldb, M, K, init, c, ldc, j);
+            if (j + NR >= N) break;
+        }
+    } else if (N >= V) {
+        product_columns<T, V>(a, ar, ak, b, ldb, M, K, init, c, ldc, 0);
+        if (N > V) product_columns<T, V>(a, ar, ak, b, ldb, M, K, init, c, ldc, N - V);
+    } else {
+        for (int64_t r = 0; r < M; ++r)
+            for (int64_t j = 0; j < N; ++j) {
+                T sum = init ? init[r] : T(0);
+                for (int64_t k = 0; k < K; ++k) sum += a[r * ar + k * ak] * b[k * ldb + j];
+                c[r * ldc + j] = sum;
+            }
+    }
+}
+
+// C (M x P, rows ldc apart) = A B^T, A (M x K) and B (P x K) row-major: the weights' gradient
+// over many points, delta h^T with both in their layout. A tile of MR x PR entries keeps one
+// vector of partial sums each through the k loop (each step loads MR + PR vectors for MR * PR
+// multiply-adds, where a dot product per entry loads two per multiply-add), summed across the
+// vector at the end; the last tile of a row or column overlaps as in `product`.
+#if defined(__AVX512F__)
+constexpr int DOT_MR = 4;
+#else
+constexpr int DOT_MR = 2;  // 8 of the 16 vector registers for the sums
+#endif
+
+template <typename T, int MR, int PR>
+inline void dot_tile(const T* a, int64_t lda, const T* b, int64_t ldb, int64_t K, T* c, int64_t ldc) {
+    constexpr int V = int(VECTOR_BYTES / sizeof(T));
+    T acc[MR][PR][V];
+    for (int r = 0; r < MR; ++r)
+        for (int p = 0; p < PR; ++p)
+#pragma omp simd
+            for (int v = 0; v < V; ++v) acc[r][p][v] = T(0);
+    int64_t k = 0;
+    for (; k + V <= K; k += V)
+        for (int r = 0; r < MR; ++r)
+            for (int p = 0; p < PR; ++p)
+#pragma omp simd
+                for (int v = 0; v < V; ++v) acc[r][p][v] += a[r * lda + k + v] * b[p * ldb + k + v];
+    for (int r = 0; r < MR; ++r)
+        for (int p = 0; p < PR; ++p) {
+            T sum = T(0);
+            for (int v = 0; v < V; ++v) sum += acc[r][p][v];
+            for (int64_t t = k; t < K; ++t) sum += a[r * lda + t] * b[p * ldb + t];
+            c[r * ldc + p] = sum;
+        }
+}
+
+template <typename T>
+void dot_product(const T* a, int64_t lda, const T* b, int64_t ldb, int64_t M, int64_t P, int64_t K, T* c, int64_t ldc) {
+    constexpr int MR = DOT_MR, PR = 4;
+    if (M < MR || P < PR) {
+        for (int64_t r = 0; r < M; ++r)
+            for (int64_t p = 0; p < P; ++p) c[r * ldc + p] = dot(a + r * lda, b + p * ldb, K);
+        return;
+    }
+    for (int64_t r = 0;; r += MR) {
+        if (r + MR > M) r = M - MR;
+        for (int64_t p = 0;; p += PR) {
+            if (p + PR > P) p = P - PR;
+            dot_tile<T, MR, PR>(a + r * lda, lda, b + p * ldb, ldb, K, c + r * ldc + p, ldc);
+            if (p + PR >= P) break;
+        }
+        if (r + MR >= M) break;
+    }
+}
+
 // workspace for one chain: pre-activations and activations of every layer, and two delta rows
 template <typename T>
 struct Work {
-    std::vector<T> a, h, d0, d1;
+    std::vector<T> a, h, d0, d1, hin_t, init;  // hin_t: a layer's input point-major (N x in); init: its biases
     std::vector<int64_t> row;  // offset of each layer's rows in a and h
     explicit Work(const Model& m) {
         int64_t total_rows = 0;
@@ -165,6 +321,8 @@ struct Work {
         h.resize(total_rows * m.num_points);
         d0.resize(m.max_width * m.num_points);
         d1.resize(m.max_width * m.num_points);
+        hin_t.resize(m.max_width * m.num_points);
+        init.resize(m.max_width);
     }
 };
 
@@ -222,40 +380,13 @@ T value_and_grad(const Model& m, const T* z, T* g, Work<T>& w) {
         const T* hin = l == 0 ? static_cast<const T*>(m.x_t) : w.h.data() + w.row[l - 1] * N;
         const T* shift = l == m.num_layers - 1 ? offset : nullptr;  // constant, so the gradient is unchanged
         T* A = w.a.data() + w.row[l] * N;
-        for (int64_t o = 0; o < out; ++o) {
-            T* ao = A + o * N;
-            const T bo = (b ? b[o] : T(0)) + (shift ? shift[o] : T(0));
-#pragma omp simd
-            for (int64_t n = 0; n < N; ++n) ao[n] = bo;
-            for (int64_t i = 0; i < in; ++i) {
-                const T wi = W[o * in + i];
-                const T* hi = hin + i * N;
-#pragma omp simd
-                for (int64_t n = 0; n < N; ++n) ao[n] += wi * hi[n];
-            }
-        }
+        T* init = w.init.data();
+        for (int64_t o = 0; o < out; ++o) init[o] = (b ? b[o] : T(0)) + (shift ? shift[o] : T(0));
+        product(W, in, int64_t(1), hin, N, out, in, N, init, A, N);  // A = b + W h
         activate(act, A, w.h.data() + w.row[l] * N, out * N);
-        // Normal prior on the random blocks
-        if (L[3] >= 0) {
-            const T* Wz = z + L[3];
-            T* gW = g + L[3];
-            T ss = 0;
-            for (int64_t k = 0; k < out * in; ++k) {
-                ss += Wz[k] * Wz[k];
-                gW[k] = prec[2 * l] * Wz[k];
-            }
-            U += T(0.5) * prec[2 * l] * ss;
-        }
-        if (L[4] >= 0) {
-            const T* bz = z + L[4];
-            T* gb = g + L[4];
-            T ss = 0;
-            for (int64_t k = 0; k < out; ++k) {
-                ss += bz[k] * bz[k];
-                gb[k] = prec[2 * l + 1] * bz[k];
-            }
-            U += T(0.5) * prec[2 * l + 1] * ss;
-        }
+        // Normal prior on the random blocks (its gradient is added in the backward pass)
+        if (L[3] >= 0) U += T(0.5) * prec[2 * l] * dot(z + L[3], z + L[3], out * in);
+        if (L[4] >= 0) U += T(0.5) * prec[2 * l + 1] * dot(z + L[4], z + L[4], out);
     }
     // ---- likelihood: U -= log p(y | f), delta = dU/df (width x N)
     const int64_t last = m.num_layers - 1;
@@ -341,34 +472,36 @@ T value_and_grad(const Model& m, const T* z, T* g, Work<T>& w) {
         }
     }
     // ---- backward
+    constexpr int64_t V = VECTOR_BYTES / sizeof(T);
     T* next = w.d1.data();
     for (int64_t l = last; l >= 0; --l) {
         const int64_t* L = m.layers + 7 * l;
         const int64_t in = L[0], out = L[1], act = L[2];
         times_derivative(act, w.a.data() + w.row[l] * N, w.h.data() + w.row[l] * N, delta, out * N);
         const T* hin = l == 0 ? static_cast<const T*>(m.x_t) : w.h.data() + w.row[l - 1] * N;
-        if (L[3] >= 0) {
+        if (L[3] >= 0) {  // dU/dW = delta h^T + the prior's precision W
             T* gW = g + L[3];
-            for (int64_t o = 0; o < out; ++o)
-                for (int64_t i = 0; i < in; ++i) gW[o * in + i] += dot(delta + o * N, hin + i * N, N);
+            if (out < 4 || in < V || N >= 8 * V) {  // sums over the points, blocked
+                dot_product(static_cast<const T*>(delta), N, hin, N, out, in, N, gW, in);
+            } else {  // few points into a wide layer: the blocked product, through h point-major
+                T* hin_t = w.hin_t.data();
+                for (int64_t i = 0; i < in; ++i)
+                    for (int64_t n = 0; n < N; ++n) hin_t[n * in + i] = hin[i * N + n];
+                product(delta, N, int64_t(1), static_cast<const T*>(hin_t), in, out, N, in, static_cast<const T*>(nullptr), gW, in);
+            }
+            const T* Wz = z + L[3];
+            const T p = prec[2 * l];
+#pragma omp simd
+            for (int64_t k = 0; k < out * in; ++k) gW[k] += p * Wz[k];
         }
         if (L[4] >= 0) {
             T* gb = g + L[4];
-            for (int64_t o = 0; o < out; ++o) gb[o] += total(delta + o * N, N);
+            const T* bz = z + L[4];
+            for (int64_t o = 0; o < out; ++o) gb[o] = total(delta + o * N, N) + prec[2 * l + 1] * bz[o];
         }
         if (l == 0) break;
         const T* W = L[3] >= 0 ? z + L[3] : cw + L[5];
-        for (int64_t i = 0; i < in; ++i) {
-            T* ni = next + i * N;
-#pragma omp simd
-            for (int64_t n = 0; n < N; ++n) ni[n] = T(0);
-            for (int64_t o = 0; o < out; ++o) {
-                const T wi = W[o * in + i];
-                const T* dl = delta + o * N;
-#pragma omp simd
-                for (int64_t n = 0; n < N; ++n) ni[n] += wi * dl[n];
-            }
-        }
+        product(W, int64_t(1), in, static_cast<const T*>(delta), N, in, out, N, static_cast<const T*>(nullptr), next, N);  // W^T delta
         T* swap = delta;
         delta = next;
         next = swap;
