@@ -182,8 +182,12 @@ class MCLMC(Kernel):
         return mclmc_init(data.next_target(), position, generator)
 
     def randoms(self, state: MCLMCState, settings, generator):
+        # drawn in float32 and widened to the chains' dtype: torch's CPU normals are vectorized in
+        # float32 only (3.6 ns each against 17 ns in float64: for 4 chains of 2,751 weights 0.12 ms
+        # a step against 0.56 ms, more than the step's own two gradients on the native path). The
+        # noise of an unadjusted sampler needs no more than float32's 24 bits.
         z = state.z
-        return torch.randn((3,) + tuple(z.shape), generator=generator, dtype=z.dtype, device=z.device)
+        return torch.randn((3,) + tuple(z.shape), generator=generator, dtype=torch.float32, device=z.device).to(z.dtype)
 
     def step(self, state, target, noise, tuning):
         return _kernel_step(functools.partial(mclmc_step, target), state, noise, tuning)
