@@ -319,6 +319,24 @@ def test_the_cache_is_built_once_and_refuses_what_it_cannot_trust(fresh_cache, m
     assert reload()["event"] == "loaded"
 
 
+def test_a_library_the_loader_refuses_leaves_the_torch_path_and_says_why(monkeypatch):
+    """A built library that does not load (a symbol this machine's libraries lack) is not a crash:
+    ``library()`` raises NativeUnavailable with the loader's message and ``backend="auto"`` takes
+    the torch path, saying why."""
+    native.library()  # built or cached already: this test builds nothing new
+    monkeypatch.setattr(native.build, "_LOADED", {})
+
+    def refuse(path, *args, **kwargs):
+        raise OSError(f"{path}: undefined symbol: _ZGVeN8v_erf")
+
+    monkeypatch.setattr(native.build.ctypes, "CDLL", refuse)
+    with pytest.raises(native.NativeUnavailable, match="could not be loaded: .*undefined symbol: _ZGVeN8v_erf"):
+        native.library()
+    model, x, y = small_bnn()
+    result = nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=2, max_tree_depth=2, progress=False)
+    assert result.stats["path"] == "eager" and "undefined symbol" in result.stats["path_reason"]
+
+
 def test_the_rule_picks_the_backend_and_never_the_cache(fresh_cache):
     """The native kernels wherever they apply, short run or long: built on the first run, read
     from the cache on the next, and the draws the same both times; backend="eager" stays eager."""

@@ -46,8 +46,10 @@ FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shar
 #: glibc's vector math library: the activations' erf, exp, sin, cos and tanh evaluated 4-16 points
 #: at a time (the gradient of the surrogates' erf network 1.6-2.0x faster with it than without;
 #: docs/logs/benchmarks.md, 2026-12-06). Tried first; a build where it is absent (not glibc on
-#: x86-64) goes without it, and the record's ``built_with`` says which.
-VECTOR_MATH = ["-DPYROBNN_VECTOR_MATH", "-lmvec"]
+#: x86-64) goes without it, and the record's ``built_with`` says which. ``--no-undefined``: a
+#: libmvec without the variants the compiler called (glibc before 2.35 has no vector erf) fails
+#: this build, not the loading of the library it would leave.
+VECTOR_MATH = ["-DPYROBNN_VECTOR_MATH", "-lmvec", "-Wl,--no-undefined"]
 #: the first build on a machine, in seconds (measured 1.9 s on the reference machine); a guess
 #: for the budget rule until this machine has built the library once
 DEFAULT_BUILD_SECONDS = 4.0
@@ -243,7 +245,8 @@ def library():
     """The loaded library and its record, ``(ctypes.CDLL, dict)``, building it first if the cache
     has no valid entry for this machine; the record's ``"event"`` says which happened
     (``"cached"``, ``"loaded"`` or ``"built"``, with ``"rebuilt_because"`` where an entry was
-    refused). Raises :class:`NativeUnavailable` without a compiler or if the build fails."""
+    refused). Raises :class:`NativeUnavailable` without a compiler, if the build fails or if the
+    built library cannot be loaded."""
     cxx = _compiler()
     if cxx is None:
         raise NativeUnavailable("no C++ compiler found (set CXX, or install g++ or clang++)")
@@ -267,7 +270,10 @@ def library():
                     if record != "not built on this machine yet":
                         event["rebuilt_because"] = record
                     path, record = _build(folder, key, ident, cxx)
-        lib = ctypes.CDLL(path)
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:  # a library the loader refuses (a symbol this machine's libraries lack)
+            raise NativeUnavailable(f"the native kernels built in {folder} could not be loaded: {e}") from e
         if lib.pyrobnn_kernels_abi() != ABI:
             raise NativeUnavailable(f"{path} reports another ABI than {ABI}")
         _declare(lib)
