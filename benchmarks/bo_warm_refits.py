@@ -51,10 +51,11 @@ from pyrobnn import methods  # noqa: E402
 from pyrobnn.infer.mcmc.samplers import nuts_adaptation_of  # noqa: E402
 
 
-def variant_warm_start(variant: str) -> methods.WarmStart:
-    """The warm start a variant name stands for (the module docstring lists them)."""
+def variant_warm_start(variant: str, registered: methods.WarmStart) -> methods.WarmStart:
+    """The warm start a variant name stands for (the module docstring lists them); ``restart`` is
+    ``registered``, NUTS's declared one."""
     if variant == "restart":
-        return methods.CHAIN_WARM_START
+        return registered
     kind, _, warmup = variant.partition(":")
     if kind not in ("carried", "carried-stats", "carried-windows") or not warmup.isdigit():
         raise ValueError(f"unknown variant {variant!r}: restart, carried:W, carried-stats:W or carried-windows:W (W iterations)")
@@ -103,7 +104,7 @@ def run(name, design, variants, refits, budget):
             new = more.draw(settings["q"]).to(torch.float64)
             X, Y = torch.cat([X, new]), torch.cat([Y, p.f(new)])
             for variant in variants[k % len(variants):] + variants[: k % len(variants)]:
-                methods.METHODS["nuts"] = dataclasses.replace(registered, warm_start=variant_warm_start(variant))
+                methods.METHODS["nuts"] = dataclasses.replace(registered, warm_start=variant_warm_start(variant, registered.warm_start))
                 start = time.perf_counter()
                 models[variant] = bayesopt.fit_model("nuts", X, Y, design, settings, budget, previous=models[variant])
                 seconds = time.perf_counter() - start
@@ -144,7 +145,7 @@ def main(argv=None):
         parser.error("--variants must include restart, the registered warm start the others are compared with")
     for v in args.variants:
         try:
-            variant_warm_start(v)
+            variant_warm_start(v, methods.spec("nuts").warm_start)
         except ValueError as e:
             parser.error(f"--variants: {e}")
     if args.designs < 1:

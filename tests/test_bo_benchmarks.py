@@ -188,6 +188,26 @@ def test_bo_step_cost_benchmark_times_every_surrogate_beside_the_gp(run_command)
         assert report["worst"][m]["problem"] == "branin" and report["worst"][m]["within_bound"] == (report["worst"][m]["ratio"] <= 3)
 
 
+def test_bo_warm_refits_benchmark_pairs_each_variant_with_the_registered_warm_start(run_command):
+    """benchmarks/bo_warm_refits.py --quick with two refits: one shared cold fit, then each
+    variant's refits on the same points; the carried variant runs the warm-up it names, the
+    registered restart a quarter of the cold one; the summary pairs each variant's NLL with the
+    restart's at the same n, and a run without the restart to pair with is refused."""
+    script = os.path.join(ROOT, "benchmarks", "bo_warm_refits.py")
+    stdout = run_command([sys.executable, script, "--quick", "--refits", "2", "--variants", "restart", "carried:5"])
+    report = json.loads(stdout.strip().splitlines()[-1])
+    records = report["records"]
+    assert [r["variant"] for r in records if r["n"] == 6] == ["cold"]
+    for variant, warmup in (("restart", 25), ("carried:5", 5)):  # the quick budget's cold warm-up is 100
+        rows = [r for r in records if r["variant"] == variant]
+        assert [r["n"] for r in rows] == [8, 10] and {r["warmup"] for r in rows} == {warmup}
+    by = {(r["variant"], r["n"]): r["nll"] for r in records}
+    paired = [by["carried:5", n] - by["restart", n] for n in (8, 10)]
+    assert report["summary"]["carried:5"]["nll_below_restart"] == sum(d < 0 for d in paired)
+    refused = subprocess.run([sys.executable, script, "--quick", "--variants", "carried:5"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--variants must include restart" in refused.stderr
+
+
 def test_bayesopt_seeds_added_to_saved_runs_merge(tmp_path, run_command):
     """``--first-seed`` runs later seeds of the same settings, and ``--from-runs`` merges them with
     a saved run as one set of seeds: random search on Branin (the quick budget), seeds 0-1 then
