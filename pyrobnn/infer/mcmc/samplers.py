@@ -115,9 +115,8 @@ def nuts(
         for all chains or ``(num_chains, D)`` (``D``: the model's unconstrained parameters);
         ``None`` (default): the unit matrix. NumPyro's ``inverse_mass_matrix``.
     :param adapt_mass_matrix: whether the warm-up estimates the matrix in Stan's windows (the
-        default); ``False`` holds it, adapting only the step size. A refit on more data can start
-        from the previous result's adaptation (:func:`nuts_adaptation_of`), as a
-        Bayesian-optimization surrogate's warm refit does.
+        default); ``False`` holds it, adapting only the step size. A run on more data can start
+        from a previous result's adaptation (:func:`nuts_adaptation_of`).
     :param seed: seeds the starting positions and every random number of the run.
     :param init_radius: chains start from uniform draws on ``[-init_radius, init_radius]`` in
         unconstrained space, as Pyro's and Stan's do (unless ``init`` gives the starts).
