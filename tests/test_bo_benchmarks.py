@@ -35,12 +35,16 @@ def test_bayesopt_benchmark_quick(tmp_path, run_command):
         assert row["laplace_bayesopt"] is not None or summary["laplace_bayesopt"] != "ran"
         assert (tmp_path / "bo" / f"bayesopt_{problem}.png").stat().st_size > 10_000
     # a warm refit does a quarter of the cold fit's tuning or training (Laplace: its MAP's epochs;
-    # its full GGN and prior calibration are not shortened): cheaper, which is what is checked
-    # here. How much is a wall-clock ratio, measured by the benchmark itself in its full runs
-    # (3-5x, docs/bayesopt.md) and not asserted here: beside other tests and runs it moves (NUTS
-    # 1.48x in a CI run that shared the machine with two benchmark runs, 2026-11-29)
+    # its full GGN is not shortened): cheaper, which is what is checked here, on the fit less the
+    # prior's calibration that both pay (at this budget, with the native kernels' speed-up of
+    # 2026-12-06, NUTS's warm and cold runs took 0.06 and 0.17 s beside a 0.2 s calibration, and
+    # the whole fits' ratio came out 0.99 in a CI run). How much is a wall-clock ratio, measured by
+    # the benchmark itself in its full runs (docs/bayesopt.md) and not asserted here: beside other
+    # tests and runs it moves (NUTS 1.48x in a CI run that shared the machine with two benchmark
+    # runs, 2026-11-29)
+    assert set(summary["warm_refit_speedup_method"]) == set(summary["warm_refit_speedup"])
     for method in ("nuts", "mclmc", "deep_ensemble", "laplace", "swag"):
-        assert summary["warm_refit_speedup"][method] > 1.0, (method, summary["warm_refit_speedup"][method])
+        assert summary["warm_refit_speedup_method"][method] > 1.0, (method, summary["warm_refit_speedup_method"][method])
     entries = json.load(open(tmp_path / "r.json"))
     assert {e["name"] for e in entries} == {"Bayesian optimization, branin", "Bayesian optimization, hartmann6"}
 

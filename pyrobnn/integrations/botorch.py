@@ -128,7 +128,10 @@ class SurrogateFit:
     train_Y: torch.Tensor
     input_transform: object
     outcome_transform: object
+    #: the fit's seconds: the prior's calibration (``calibration_seconds`` of them), a warm
+    #: start's preparation and the method's run
     seconds: float = 0.0
+    calibration_seconds: float = 0.0
     warm: bool = False
     calibrate: bool = False
     #: a default surrogate's last calibration (:func:`calibration_fit`), which its warm refit's
@@ -175,7 +178,9 @@ class Surrogate:
 
     @property
     def fit_seconds(self) -> float:
-        """Seconds the fit that made this surrogate took (its method's run, plus a warm start's MAP)."""
+        """Seconds the fit that made this surrogate took: the prior's calibration (a default
+        surrogate's; ``fit_record.calibration_seconds``), a warm start's preparation (Laplace's MAP)
+        and the method's run."""
         return self.fit_record.seconds
 
     @property
@@ -713,7 +718,7 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
     x, y = x.to(model.dtype), y.to(model.dtype)
     start = time.perf_counter()
     method = methods.spec(record.method)
-    calibration = None
+    calibration, calibration_seconds = None, 0.0
     if record.calibrate:  # the prior and noise chosen by these data (empirical Bayes), at every fit
         if not method.bo_limit_network:
             activation = dict(activation="erf")
@@ -722,6 +727,7 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
         from_previous = previous is not None and method.warm_start is not None and record.calibration is not None
         calibration = calibration_fit(x, y, depth=infinite_width_of(record.model).depth, **activation,
                                       warm_start=record.calibration if from_previous else None)
+        calibration_seconds = time.perf_counter() - start
         model = finite_model(calibration, width=_width(record.model), output_mean=method.bo_limit_network, dtype=model.dtype)
     y_fit = y.reshape(-1) if y.shape[-1] == 1 and _one_output(model, x) else y
     options = dict(record.options)
@@ -733,7 +739,8 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
         options = method.warm_start.options(method, model, previous, x, y_fit, options, record.warm_fraction, record.seed)
     result = method.run(model, x, y_fit, **options)
     seconds = time.perf_counter() - start
-    new = dataclasses.replace(record, model=model, train_X=train_X, train_Y=train_Y, seconds=seconds, warm=warm, calibration=calibration,
+    new = dataclasses.replace(record, model=model, train_X=train_X, train_Y=train_Y, seconds=seconds, calibration_seconds=calibration_seconds,
+                              warm=warm, calibration=calibration,
                               input_transform=record.input_transform, outcome_transform=record.outcome_transform)
     return result, new, input_transform, outcome_transform
 
