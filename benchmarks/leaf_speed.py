@@ -79,37 +79,26 @@ def best_time(fn, z, repeats):
 
 
 def library_at(revision=None, vector_math=True):
-    """The native kernels' source at git ``revision`` (``None``: today's), built with today's
-    flags (without glibc's vector math library unless ``vector_math``) and constants header
-    into a temporary folder: ``(name, ctypes library)``."""
-    import ctypes
+    """The native kernels' source at git ``revision`` (``None``: today's), built as the package
+    builds it (:func:`~pyrobnn.infer.mcmc.native.build.compile_kernels`, today's flags and
+    constants header; without glibc's vector math library unless ``vector_math``) into a
+    temporary folder: ``(name, library)``."""
     import tempfile
 
-    from pyrobnn.infer.mcmc.native import build, constants
+    from pyrobnn.infer.mcmc.native import build
 
-    if revision is None:
-        with open(build.SOURCE) as f:
-            source = f.read()
-    else:
+    folder = tempfile.mkdtemp(prefix="pyrobnn-kernels-")
+    source = build.SOURCE
+    if revision is not None:
         root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=True,
                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-        source = subprocess.run(["git", "show", f"{revision}:pyrobnn/infer/mcmc/native/mlp_kernels.cpp"], capture_output=True,
-                                text=True, check=True, cwd=root).stdout
-    folder = tempfile.mkdtemp(prefix="pyrobnn-kernels-")
-    with open(os.path.join(folder, "kernels.cpp"), "w") as f:
-        f.write(source)
-    with open(os.path.join(folder, constants.HEADER_NAME), "w") as f:
-        f.write(constants.header())
+        source = os.path.join(folder, "kernels.cpp")
+        with open(source, "w") as f:
+            f.write(subprocess.run(["git", "show", f"{revision}:pyrobnn/infer/mcmc/native/mlp_kernels.cpp"], capture_output=True,
+                                   text=True, check=True, cwd=root).stdout)
     out = os.path.join(folder, "lib.so")
-    for vector in ((build.VECTOR_MATH, []) if vector_math else ([],)):
-        cmd = [build._compiler(), *build.FLAGS, "-march=native", f"-I{folder}", os.path.join(folder, "kernels.cpp"), "-o", out, *vector]
-        if subprocess.run(cmd, capture_output=True).returncode == 0:
-            break
-    else:
-        raise RuntimeError(f"the kernels at {revision or 'this checkout'} did not build")
-    lib = ctypes.CDLL(out)
-    build._declare(lib)
-    return (f"native@{revision}" if revision else "native, scalar math"), lib
+    build.compile_kernels(source, out, build.build_info()["compiler"], vector_math=vector_math)
+    return (f"native@{revision}" if revision else "native, scalar math"), build.load_kernels(out)
 
 
 def torch_rows(quick, against=None, scalar_math=False):

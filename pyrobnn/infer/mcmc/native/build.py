@@ -36,7 +36,10 @@ except ImportError:  # not POSIX: builds are not serialized (each still renames 
 
 from pyrobnn.infer.mcmc.native import constants
 
-__all__ = ["SOURCE", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable", "DEFAULT_BUILD_SECONDS"]
+__all__ = [
+    "SOURCE", "library", "library_folder", "is_cached", "build_info", "compile_kernels", "load_kernels", "NativeUnavailable",
+    "DEFAULT_BUILD_SECONDS",
+]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlp_kernels.cpp")
 ABI = 1
@@ -177,27 +180,51 @@ def _build(folder, key, ident, cxx):
         raise NativeUnavailable(f"building the native kernels in {folder} failed: {e.strerror or e}") from e
 
 
+def compile_kernels(source: str, out: str, cxx: str, vector_math: bool = True) -> list:
+    """Compile the kernels' C++ ``source`` (a file) into the shared library ``out``, the constants
+    header written beside it: for this machine's instruction sets and with glibc's vector math
+    library (:data:`VECTOR_MATH`) first, then without either (``vector_math=False``: never with
+    it). Returns the flags of the build that succeeded beyond :data:`FLAGS`; raises
+    :class:`NativeUnavailable` when none does."""
+    folder = os.path.dirname(os.path.abspath(out))
+    with open(os.path.join(folder, constants.HEADER_NAME), "w") as f:
+        f.write(constants.header())
+    vectors = (VECTOR_MATH, []) if vector_math else ([],)
+    errors = []
+    for arch in (["-march=native"], []):
+        for vector in vectors:
+            cmd = [cxx, *FLAGS, *arch, f"-I{folder}", source, "-o", out, *vector]  # libraries after the source
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode == 0:
+                return arch + vector
+            errors.append(proc.stderr.strip().splitlines()[-1:] if proc.stderr else [f"exit {proc.returncode}"])
+    raise NativeUnavailable(f"building the native kernels in {folder} failed ({cxx}): {errors}")
+
+
+def load_kernels(path: str):
+    """The library at ``path`` loaded, its functions declared; :class:`NativeUnavailable` where
+    the loader refuses it (a symbol this machine's libraries lack) or it reports another ABI."""
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise NativeUnavailable(f"the native kernels built in {os.path.dirname(path)} could not be loaded: {e}") from e
+    if lib.pyrobnn_kernels_abi() != ABI:
+        raise NativeUnavailable(f"{path} reports another ABI than {ABI}")
+    _declare(lib)
+    return lib
+
+
 def _compile(folder, key, ident, cxx):
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
         out = os.path.join(tmp, "lib.so")
-        with open(os.path.join(tmp, constants.HEADER_NAME), "w") as f:
-            f.write(constants.header())
-        errors = []
-        for arch, vector in ((["-march=native"], VECTOR_MATH), (["-march=native"], []), ([], VECTOR_MATH), ([], [])):
-            cmd = [cxx, *FLAGS, *arch, f"-I{tmp}", SOURCE, "-o", out, *vector]  # libraries after the source
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode == 0:
-                break
-            errors.append(proc.stderr.strip().splitlines()[-1:] if proc.stderr else [f"exit {proc.returncode}"])
-        else:
-            raise NativeUnavailable(f"building the native kernels in {folder} failed ({cxx}): {errors}")
+        built_with = compile_kernels(SOURCE, out, cxx)
         os.chmod(out, 0o755 & ~_umask() & ~0o022)  # never writable by others: _trusted_file
         digest = _sha256(out)
         name = f"mlp-{key}-{digest[:16]}.so"
         os.replace(out, os.path.join(folder, name))
         seconds = time.perf_counter() - start
-        record = dict(ident, file=name, sha256=digest, build_seconds=round(seconds, 3), built_with=arch + vector)
+        record = dict(ident, file=name, sha256=digest, build_seconds=round(seconds, 3), built_with=built_with)
         record_tmp = os.path.join(tmp, "record.json")
         with open(record_tmp, "w") as f:
             json.dump(record, f, indent=1)
@@ -270,13 +297,7 @@ def library():
                     if record != "not built on this machine yet":
                         event["rebuilt_because"] = record
                     path, record = _build(folder, key, ident, cxx)
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError as e:  # a library the loader refuses (a symbol this machine's libraries lack)
-            raise NativeUnavailable(f"the native kernels built in {folder} could not be loaded: {e}") from e
-        if lib.pyrobnn_kernels_abi() != ABI:
-            raise NativeUnavailable(f"{path} reports another ABI than {ABI}")
-        _declare(lib)
+        lib = load_kernels(path)
         _LOADED[key] = (lib, record)
         return lib, dict(record, **event)
 
