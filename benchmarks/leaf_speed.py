@@ -204,6 +204,11 @@ def main(argv=None):
     parser.add_argument("--against", metavar="REV", default=None, help="also time the native kernels' source at this git revision")
     parser.add_argument("--scalar-math", action="store_true", help="also time today's kernels built without glibc's vector math library")
     args = parser.parse_args(argv)
+    if args.against is not None:
+        found = subprocess.run(["git", "cat-file", "-e", f"{args.against}:pyrobnn/infer/mcmc/native/mlp_kernels.cpp"], capture_output=True,
+                               cwd=os.path.dirname(os.path.abspath(__file__)))
+        if found.returncode != 0:
+            parser.error(f"--against: {args.against!r} is no git revision of this checkout with the native kernels' source")
     torch.set_num_threads(args.threads)
     rows = torch_rows(args.quick, args.against, args.scalar_math)
     if not args.skip_jax:
