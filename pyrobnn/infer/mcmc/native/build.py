@@ -183,8 +183,8 @@ def _build(folder, key, ident, cxx):
 def compile_kernels(source: str, out: str, cxx: str, vector_math: bool = True) -> list:
     """Compile the kernels' C++ ``source`` (a file) into the shared library ``out``, the constants
     header written beside it: for this machine's instruction sets and with glibc's vector math
-    library (:data:`VECTOR_MATH`) first, then without either (``vector_math=False``: never with
-    it). Returns the flags of the build that succeeded beyond :data:`FLAGS`; raises
+    library (``VECTOR_MATH``) first, then without either (``vector_math=False``: never with
+    it). Returns the flags of the build that succeeded beyond ``FLAGS``; raises
     :class:`NativeUnavailable` when none does."""
     folder = os.path.dirname(os.path.abspath(out))
     with open(os.path.join(folder, constants.HEADER_NAME), "w") as f:
