@@ -174,7 +174,11 @@ def test_ivon_surrogate_options_keep_a_stiff_fit_finite():
     (noise scale 0.086): without the clip radius the first steps (gradient steps of size lr, the
     Hessian estimate far below the curvature) overflow or leave the fit far off; with it the fit
     is finite and fits the data to within a few noise variances (the calibrated GP's own
-    training error is 0.001). Found by the full BO benchmark (2 of 5 Hartmann-6 runs stopped)."""
+    training error is 0.001). Found by the full BO benchmark (2 of 5 Hartmann-6 runs stopped).
+    Where the unclipped fit ends is chaotic (its mean squared error ranged from 0.8 to 3e5 over
+    seeds and rounding-level changes of the prior): of five seeds at least one ends above 10
+    (4 of 20 runs ended below it: all five, at that rate, about once in 3,000), and with the
+    clip every one below 0.1 (at most 0.05 in those runs)."""
     from botorch.test_functions import Hartmann
     from torch.quasirandom import SobolEngine
 
@@ -187,18 +191,19 @@ def test_ivon_surrogate_options_keep_a_stiff_fit_finite():
     Y = Hartmann(dim=6, negate=True)(X)
     y = (Y - Y.mean()) / Y.std()
     model = calibrated_model(X, y.unsqueeze(-1))
-    options = dict(spec("ivon").bo_options, epochs=400, batch_size=10, progress=False, seed=1)
+    options = dict(spec("ivon").bo_options, epochs=400, batch_size=10, progress=False)
 
-    def error(**changes):
+    def error(seed, **changes):
         try:
-            result = ivon(model, X, y, **dict(options, **changes))
+            result = ivon(model, X, y, **dict(options, seed=seed, **changes))
         except NonFiniteLossError:
             return math.inf
         fitted = pyrobnn.predict(model, result, X, num_samples=64, seed=0).mean.reshape(-1)
         return float((fitted - y).pow(2).mean())
 
-    assert error(clip_radius=math.inf) > 1.0  # the outcomes' variance is 1
-    assert error() < 0.1
+    seeds = range(1, 6)
+    assert max(error(seed, clip_radius=math.inf) for seed in seeds) > 10.0  # the outcomes' variance is 1
+    assert max(error(seed) for seed in seeds) < 0.1
 
 
 def test_linearized_kernel_is_the_weight_space_posterior():

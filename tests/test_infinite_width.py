@@ -422,13 +422,16 @@ def test_the_kernel_of_inputs_against_themselves_is_the_general_one(activation, 
 
 
 @pytest.mark.parametrize("activations, ard, outcomes, depth", [
-    (("erf", "relu"), True, 1, 2), (("erf", "relu", "cos"), False, 1, 1), (("relu",), True, 2, 3), (("cos", "erf"), False, 2, 2)])
+    (("erf", "relu"), True, 1, 2), (("erf", "relu", "cos"), False, 1, 1), (("relu",), True, 2, 3), (("cos", "erf"), False, 2, 2),
+    (("erf", "relu"), None, 1, 2), (("relu", "cos"), None, 2, 1)])
 def test_the_fits_loss_is_gpytorchs_marginal_likelihood(monkeypatch, activations, ard, outcomes, depth):
     """The batched fit's loss, which BoTorch's fit takes from the model (its ``compute_custom_loss``
     hook) and which is computed on plain tensors, is GPyTorch's ``ExactMarginalLogLikelihood``
     (the log marginal likelihood plus the hyperpriors' log densities, per point), value and
-    gradient in every parameter, per batch element (activation, start, outcome), at
-    hyperparameters away from any fit."""
+    gradient in every parameter, per batch element (activation, shape, start, outcome), at
+    hyperparameters away from any fit. With both input-scale shapes in the batch (``ard=None``
+    below 10 points per feature) a shared scale is held as d equal scales, whose hyperprior
+    GPyTorch's objective counts d times and the fit's once."""
     from botorch.optim.closures import get_loss_closure
     from gpytorch.mlls import ExactMarginalLogLikelihood
 
@@ -448,7 +451,16 @@ def test_the_fits_loss_is_gpytorchs_marginal_likelihood(monkeypatch, activations
     mll = ExactMarginalLogLikelihood(gp.likelihood, gp)
     loss = get_loss_closure(mll)()  # what BoTorch's fit evaluates
     reference = -mll(gp(*gp.train_inputs), gp.train_targets)  # GPyTorch's
-    assert loss.shape == reference.shape == (len(activations) * len(module.FIT_STARTS), *((outcomes,) if outcomes > 1 else ()))
+    shapes = 2 if ard is None else 1
+    if ard is None:  # the shared scales' d - 1 copies: the first of each block of starts' shapes holds one shared scale
+        k = len(module.FIT_STARTS)
+        shared = (torch.arange(len(activations) * shapes * k) // k) % shapes == 0
+        scale = gp.covar_module.input_scale  # (a s k, *outcomes, 1, d)
+        assert torch.equal(scale[shared], scale[shared][..., :1].expand_as(scale[shared]))
+        assert not torch.equal(scale[~shared], scale[~shared][..., :1].expand_as(scale[~shared]))
+        copies = gp.covar_module.input_scale_prior.log_prob(scale[..., 0, 1:]).sum(-1)  # (a s k, *outcomes)
+        reference = reference + torch.where(shared.reshape(-1, *(1,) * (copies.dim() - 1)), copies, 0.0) / X.shape[0]
+    assert loss.shape == reference.shape == (len(activations) * shapes * len(module.FIT_STARTS), *((outcomes,) if outcomes > 1 else ()))
     torch.testing.assert_close(loss, reference, rtol=1e-10, atol=1e-12)
     parameters = [p for _, p in gp.named_parameters()]
     for mine, theirs in zip(torch.autograd.grad(loss.sum(), parameters), torch.autograd.grad(reference.sum(), parameters)):
@@ -496,6 +508,26 @@ def test_the_fit_keeps_the_most_probable_of_its_starts():
     assert float(map_objective(gp)) >= max(values) - 0.05  # nats: a batched fit can end a few hundredths from its fit alone
     assert max(values) > values[0] + 0.3
     assert float(gp.likelihood.noise.detach()) < 0.05
+
+
+def test_both_input_scale_shapes_fitted_in_one_batch_end_where_each_fitted_alone_does():
+    """Below 10 points per feature the fit holds both shapes (one shared input scale and one per
+    feature) in one batch; each (activation, shape) fit ends within a few hundredths of a nat of
+    that shape's fit alone, the shared fit's input scale is one scale, and the choice between
+    the shapes (Schwarz's penalty) is the one the separate fits give."""
+    X, Y = hartmann6()
+    both = infinite_width_gp(X, Y)
+    alone = {shape: infinite_width_gp(X, Y, ard=shape) for shape in (False, True)}
+    assert set(both.infinite_width_fits) == {(a, s) for a in ("erf", "relu") for s in (False, True)}
+    for (activation, shape), fit in both.infinite_width_fits.items():
+        assert fit["objective"] == pytest.approx(alone[shape].infinite_width_fits[activation, shape]["objective"], abs=0.05)
+        if not shape:  # per feature: one scale times the inputs' frame, as in the fit alone
+            ratio = fit["scales"]["input_scale"] / alone[shape].infinite_width_fits[activation, shape]["scales"]["input_scale"]
+            assert float(ratio.max() / ratio.min()) == pytest.approx(1.0, abs=1e-12)
+    penalty = 5 / 2 * math.log(20)
+    objective = {s: max(f["objective"] for (_, shape), f in alone[s].infinite_width_fits.items() if shape == s) for s in (False, True)}
+    assert both.covar_module.ard == (objective[True] - penalty > objective[False])
+    assert abs(objective[True] - penalty - objective[False]) > 0.1  # the choice is not a tie the tolerance could flip
 
 
 def test_each_outcome_keeps_its_own_best_start():

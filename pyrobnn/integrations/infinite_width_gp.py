@@ -252,17 +252,42 @@ class InfiniteWidthKernel(Kernel):
                                 (self.base_scale * value(self.input_scale)).detach().clone())
 
 
-class _ActivationsKernel(InfiniteWidthKernel):
-    """:class:`InfiniteWidthKernel` batched over ``activations`` as well: its leading batch
-    dimension holds one equal block per activation, block ``i`` the kernel of ``activations[i]``,
-    so that one L-BFGS run fits every activation from every start (the fit's cost is then the
-    longest of theirs, not their sum)."""
+class _StartsKernel(InfiniteWidthKernel):
+    """:class:`InfiniteWidthKernel` batched over ``activations`` and input-scale ``shapes`` as
+    well: its leading batch dimension holds one equal block per activation, block ``i`` the kernel
+    of ``activations[i]``, and each block one equal part per shape, in ``shapes``' order (``True``:
+    a scale per feature; ``False``: one scale shared by every feature, held as the first feature's
+    coordinate, the others unused), so that one L-BFGS-B run fits every activation and shape from
+    every start (the fit's cost is then about the longest of theirs, not their sum: a coordinate
+    whose gradient is always 0 never moves under L-BFGS-B). :meth:`counted_hyperprior` counts a
+    shared scale's hyperprior once."""
 
-    def __init__(self, d: int, *, activations, batch_shape, **kwargs):
-        if batch_shape[0] % len(activations):
-            raise ValueError(f"the leading batch size {batch_shape[0]} is not a multiple of {len(activations)} activations")
-        super().__init__(d, activation=activations[0], batch_shape=batch_shape, **kwargs)
+    def __init__(self, d: int, *, activations, shapes, batch_shape, **kwargs):
+        parts = len(activations) * len(shapes)
+        if batch_shape[0] % parts:
+            raise ValueError(f"the leading batch size {batch_shape[0]} is not a multiple of {len(activations)} activations "
+                             f"times {len(shapes)} shapes")
+        super().__init__(d, activation=activations[0], ard=any(shapes), batch_shape=batch_shape, **kwargs)
         self.activations = tuple(activations)
+        tied = None
+        if self.ard and not all(shapes):  # per batch element: its input scales are one shared scale
+            shared = torch.tensor([not shape for shape in shapes], device=self.center.device)
+            shared = shared.repeat_interleave(batch_shape[0] // parts).repeat(len(activations))
+            tied = shared.reshape(-1, *(1,) * len(batch_shape), 1)  # (a s k, *1, 1, 1)
+        self.register_buffer("tied", tied)
+
+    def _scale(self, name):
+        scale = super()._scale(name)
+        if name == "input_scale" and self.tied is not None:
+            scale = torch.where(self.tied, scale[..., :1], scale)
+        return scale
+
+    def counted_hyperprior(self, name: str, density):
+        """``density``, the log hyperprior density of each coordinate of the scale ``name``, with
+        the unused coordinates of a shared input scale (copies of its first) at 0."""
+        if name != "input_scale" or self.tied is None:
+            return density
+        return density.masked_fill(self.tied & (torch.arange(density.shape[-1], device=density.device) > 0), 0.0)
 
     def forward(self, x1, x2, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
@@ -327,7 +352,9 @@ def _map_objective(gp) -> torch.Tensor:
     times the number of points), computed on plain tensors: the kernel matrix by
     :func:`~pyrobnn.models.infinite_width.nngp_covariance` of the inputs against themselves, one
     Cholesky factor (GPyTorch's ``psd_safe_cholesky``: the same jitter, and the same error where
-    none helps), LogNormal priors by their closed form. At 10-50 points an evaluation's cost is
+    none helps), LogNormal priors by their closed form, a shared input scale's once where the
+    batch holds both shapes (:class:`_StartsKernel`; GPyTorch's objective would count its
+    unused copies too). At 10-50 points an evaluation's cost is
     its operations' dispatch, not their arithmetic; GPyTorch's lazy tensors and distributions add
     their own (an evaluation of value and gradient took 5.7-7.6 ms through them, the kernel's
     variances computed beside its matrix, and 3.8-5.3 ms so, in
@@ -342,7 +369,7 @@ def _map_objective(gp) -> torch.Tensor:
     whitened = torch.linalg.solve_triangular(factor, residual, upper=False)
     value = (-0.5 * whitened.square().sum((-2, -1)) - factor.diagonal(dim1=-2, dim2=-1).log().sum(-1)
              - 0.5 * n * math.log(2 * math.pi))
-    for _, module, prior, closure, _ in gp.named_priors():
+    for name, module, prior, closure, _ in gp.named_priors():
         theta = closure(module)
         if isinstance(prior, LogNormalPrior) and prior._transform is None:
             log_theta = theta.log()
@@ -350,12 +377,14 @@ def _map_objective(gp) -> torch.Tensor:
                        - log_theta)
         else:
             density = prior.log_prob(theta)
+        if isinstance(module, _StartsKernel):  # a shared input scale's hyperprior once
+            density = module.counted_hyperprior(name.rsplit(".", 1)[-1].removesuffix("_prior"), density)
         value = value + density.reshape(*density.shape[:value.dim()], -1).sum(-1)
     return value
 
 
 class _StartsGP(SingleTaskGP):
-    """The GP of :func:`_fit_from_starts`, batched over activations and starts: a
+    """The GP of :func:`_fit_from_starts`, batched over activations, input-scale shapes and starts: a
     ``SingleTaskGP`` whose loss in BoTorch's fit is :func:`_map_objective` divided by the number
     of points (``compute_custom_loss``, BoTorch's hook for a model's own loss): GPyTorch's
     ``ExactMarginalLogLikelihood``, by fewer operations."""
@@ -433,10 +462,10 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth=None, activation=No
         alone (its scales, noise and constant mean, the input scales carried into these inputs'
         frame, for each shape ``ard`` allows: per feature, or their geometric mean for one shared
         scale), and the choice among activations and shapes made again; its depth is kept. A
-        cold fit runs one L-BFGS-B over 10 batch elements (2 activations from 5 starts), 60-120
-        evaluations of the marginal likelihood at 10-50 points; a warm one over 2, each from its
-        previous optimum (50-100 evaluations after a BO step's 4 new points, a few on the same
-        data). What the other starts would find is not looked at (a mode the previous fit missed stays missed),
+        cold fit runs one L-BFGS-B over 10 batch elements per input-scale shape (2 activations
+        from 5 starts; both shapes in the same run below :data:`ARD_POINTS_PER_FEATURE` points per
+        feature); a warm one over one element per activation and shape, each from its previous
+        optimum. What the other starts would find is not looked at (a mode the previous fit missed stays missed),
         and from a previous fit in the noise mode (noise variance from
         :data:`WARM_START_NOISE_LIMIT` on) the fit is cold (from :data:`FIT_STARTS`, with its
         activations and depth). BoTorch's tutorials warm-start each step from the previous
@@ -448,6 +477,22 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth=None, activation=No
     the outcomes), ``scales`` (the input scales per feature and unit of input), ``noise``
     (variance) and constant ``mean`` (both in the outcome transform's units).
     """
+    return _infinite_width_gp(train_X, train_Y, model=model, depth=depth, activation=activation, ard=ard,
+                              outcome_transform=outcome_transform, input_transform=input_transform, starts=starts,
+                              warm_start=warm_start, choose_ard=_schwarz_choice)
+
+
+def _schwarz_choice(fits, best, n, d, m) -> bool:
+    """Whether the ARD fit (``fits[best[True], True]``; ``best``: the most probable activation per
+    shape) beats the shared scale's by more than Schwarz's penalty, d - 1 more scales per outcome."""
+    return fits[best[True], True]["objective"] - m * (d - 1) / 2 * math.log(n) > fits[best[False], False]["objective"]
+
+
+def _infinite_width_gp(train_X, train_Y, *, model, depth, activation, ard, outcome_transform, input_transform, starts, warm_start,
+                       choose_ard) -> SingleTaskGP:
+    """:func:`infinite_width_gp`, choosing between the input-scale shapes (where both are fitted)
+    by ``choose_ard(fits, best, n, d, m)``: ``fits`` by ``(activation, ard)``, ``best`` the most
+    probable activation per shape; whether to keep the ARD fit."""
     if not isinstance(train_X, torch.Tensor) or train_X.dim() != 2 or train_X.shape[0] < 1:
         raise ValueError(f"train_X must be an (n, d) tensor with n >= 1, got {getattr(train_X, 'shape', type(train_X).__name__)}")
     if not isinstance(train_Y, torch.Tensor):
@@ -474,7 +519,7 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth=None, activation=No
     if model is not None:
         init = infinite_width_of(model)
         depth, activations = init.depth, (init.activation,)
-    if ard is None:  # below the points per feature where ARD is always right, the data choose (Schwarz's criterion)
+    if ard is None:  # below the points per feature where ARD is always right, the data choose (choose_ard)
         shapes = (True,) if n >= ARD_POINTS_PER_FEATURE * d else (False, True) if d > 1 else (False,)
     else:
         shapes = (bool(ard),)
@@ -495,15 +540,10 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth=None, activation=No
         starts = list(FIT_STARTS)
         if init is not None:
             starts[0] = _scales_of(init)
-    fits = {}  # (activation, shape): the kept start's fit
-    for shape in shapes:
-        start = _warm_starts(warm_start, activations, shape, base) if warm_start is not None else _cold_starts(starts, activations, m, x)
-        for activation, fit in _fit_from_starts(x, y, start, activations, depth=depth, ard=shape, center=center, base_scale=base).items():
-            fits[activation, shape] = fit
+    start = _warm_starts(warm_start, activations, shapes, base) if warm_start is not None else _cold_starts(starts, activations, shapes, m, x)
+    fits = _fit_from_starts(x, y, start, activations, shapes, depth=depth, center=center, base_scale=base)  # (activation, shape): the kept start's fit
     best = {shape: max(activations, key=lambda a, shape=shape: fits[a, shape]["objective"]) for shape in shapes}  # the first among equals
-    ard = shapes[0]
-    if len(shapes) == 2 and fits[best[True], True]["objective"] - m * (d - 1) / 2 * math.log(n) > fits[best[False], False]["objective"]:
-        ard = True  # d - 1 more scales per outcome
+    ard = bool(choose_ard(fits, best, n, d, m)) if len(shapes) == 2 else shapes[0]
     activation = best[ard]
     fitted = fits[activation, ard]["parameters"]
     kernel = InfiniteWidthKernel(d, depth=depth, activation=activation, ard=ard, center=center, base_scale=base,
@@ -526,13 +566,13 @@ def infinite_width_gp(train_X, train_Y, *, model=None, depth=None, activation=No
     return gp.eval()
 
 
-def _cold_starts(starts, activations, m, x) -> dict:
-    """Every activation from every one of ``starts`` (``(input, bias, hidden, output)``
-    4-tuples), in :func:`_fit_from_starts`' batch order: one tensor per scale, ``(a k, 1, 1)``
-    (``(a k, 1, 1, 1)`` with ``m > 1`` outcomes: a scalar per start, broadcast over the outcomes
-    and the features), the ``noise`` variance :data:`FIT_START_NOISE` for each, ``(a k, 1)``
-    (``(a k, 1, 1)``), and a constant ``mean`` of 0, ``(a k)`` (``(a k, 1)``)."""
-    values = torch.tensor(starts, dtype=x.dtype, device=x.device).repeat(len(activations), 1)  # (a k, 4)
+def _cold_starts(starts, activations, shapes, m, x) -> dict:
+    """Every activation and input-scale shape from every one of ``starts`` (``(input, bias,
+    hidden, output)`` 4-tuples), in :func:`_fit_from_starts`' batch order: one tensor per scale,
+    ``(a s k, 1, 1)`` (``(a s k, 1, 1, 1)`` with ``m > 1`` outcomes: a scalar per start, broadcast
+    over the outcomes and the features), the ``noise`` variance :data:`FIT_START_NOISE` for each,
+    ``(a s k, 1)`` (``(a s k, 1, 1)``), and a constant ``mean`` of 0, ``(a s k)`` (``(a s k, 1)``)."""
+    values = torch.tensor(starts, dtype=x.dtype, device=x.device).repeat(len(activations) * len(shapes), 1)  # (a s k, 4)
     outcomes = (1,) if m > 1 else ()
     start = {name: values[:, column].reshape(-1, *outcomes, 1, 1) for column, name in enumerate(SCALE_NAMES)}
     start["noise"] = torch.full((len(values), *outcomes, 1), FIT_START_NOISE, dtype=x.dtype, device=x.device)
@@ -554,69 +594,80 @@ def _check_warm_start(warm_start, d, m, **not_with):
                          f"{', '.join(given)} cannot be given with it")
 
 
-def _warm_starts(gp, activations, ard, base) -> dict:
-    """For each of ``activations``, in :func:`_fit_from_starts`' batch order (one start each),
-    the fit ``gp`` (an :func:`infinite_width_gp`) made of it with input scales' shape ``ard``
-    (or, where it fitted only the other shape, that one) as a start in the frame whose
+def _warm_starts(gp, activations, shapes, base) -> dict:
+    """For each of ``activations`` and input-scale ``shapes``, in :func:`_fit_from_starts`' batch
+    order (one start each), the fit ``gp`` (an :func:`infinite_width_gp`) made of it with that
+    shape (or, where it fitted only the other shape, that one) as a start in the frame whose
     ``base_scale`` is ``base``: input scales that map each feature as the fitted ones did (per
-    feature, or their geometric mean for one shared scale), the other scales, the noise and the
-    constant mean as fitted (the mean matters: the kernel's bias variance leaves it weakly
-    determined, and L-BFGS-B takes hundreds of evaluations to walk it back from 0);
-    ``{name: (a, *shape)}``."""
+    feature, or their geometric mean for one shared scale, repeated per feature where ``shapes``
+    holds both), the other scales, the noise and the constant mean as fitted (the mean matters:
+    the kernel's bias variance leaves it weakly determined, and L-BFGS-B takes hundreds of
+    evaluations to walk it back from 0); ``{name: (a s, *shape)}``."""
     start = {name: [] for name in SCALE_NAMES + ("noise", "mean")}
     for activation in activations:
-        fit = gp.infinite_width_fits.get((activation, ard), gp.infinite_width_fits.get((activation, not ard)))
-        for name in SCALE_NAMES:
-            value = fit["scales"][name]
-            if name == "input_scale":  # the fitted scale per unit of input, in this frame
-                value = value / base if ard else (value / base).log().mean(-1, keepdim=True).exp()
-            start[name].append(value)
-        start["noise"].append(fit["noise"])
-        start["mean"].append(fit["mean"])
+        for ard in shapes:
+            fit = gp.infinite_width_fits.get((activation, ard), gp.infinite_width_fits.get((activation, not ard)))
+            for name in SCALE_NAMES:
+                value = fit["scales"][name]
+                if name == "input_scale":  # the fitted scale per unit of input, in this frame
+                    value = value / base if ard else (value / base).log().mean(-1, keepdim=True).exp()
+                    value = value.expand(*value.shape[:-1], len(base) if any(shapes) else 1)
+                start[name].append(value)
+            start["noise"].append(fit["noise"])
+            start["mean"].append(fit["mean"])
     return {name: torch.stack(values) for name, values in start.items()}
 
 
-def _fit_from_starts(x, y, starts, activations, **kernel_options) -> dict:
+def _fit_from_starts(x, y, starts, activations, shapes, **kernel_options) -> dict:
     r"""Maximum a posteriori scales and noise of the :class:`InfiniteWidthKernel` GP on
     (transformed) inputs ``x`` ``(n, d)`` and outcomes ``y`` ``(n, m)``, for each of
-    ``activations`` from each of ``k`` starts at once (``starts``: a tensor ``(a k, ...)`` for
-    each scale, the ``noise`` variance and the constant ``mean``, broadcastable to its shape;
-    activation ``i``'s starts at ``i k`` to ``i k + k - 1``): one GP batched over the activations,
-    the starts (and the outcomes), which BoTorch's ``fit_gpytorch_mll`` fits element by element
-    in one batched L-BFGS-B run (each element's fit can end a few hundredths of a nat from its
-    fit alone). Per activation and outcome the start whose fit has the highest log marginal
-    likelihood plus log hyperprior density is kept (a fit that broke down scores ``-inf``).
-    Returns, per activation, that fit: its ``objective`` (summed over the outcomes), the
-    ``parameters`` of an unbatched GP (batched over outcomes where ``m > 1``) by name, its
-    ``scales``, ``noise`` (variance) and constant ``mean``."""
+    ``activations`` and input-scale ``shapes`` (``True``: one scale per feature, ``False``: one
+    shared) from each of ``k`` starts at once (``starts``: a tensor ``(a s k, ...)`` for each
+    scale, the ``noise`` variance and the constant ``mean``, broadcastable to its shape;
+    activation ``i``'s and shape ``j``'s starts at ``(i s + j) k`` to ``(i s + j) k + k - 1``): one GP
+    batched over the activations, the shapes, the starts (and the outcomes), which BoTorch's
+    ``fit_gpytorch_mll`` fits element by element in one batched L-BFGS-B run (each element's fit
+    can end a few hundredths of a nat from its fit alone). Per activation, shape and outcome the
+    start whose fit has the highest log marginal likelihood plus log hyperprior density is kept (a
+    fit that broke down scores ``-inf``). Returns, per ``(activation, shape)``, that fit: its
+    ``objective`` (summed over the outcomes), the ``parameters`` of an unbatched GP of that shape
+    (batched over outcomes where ``m > 1``) by name, its ``scales``, ``noise`` (variance) and
+    constant ``mean``."""
     n, d = x.shape
     m = y.shape[-1]
-    a, k = len(activations), len(starts["noise"]) // len(activations)
+    a, s = len(activations), len(shapes)
+    k = len(starts["noise"]) // (a * s)
     outcomes = torch.Size([m]) if m > 1 else torch.Size([])
-    kernel = _ActivationsKernel(d, activations=activations, batch_shape=torch.Size([a * k]) + outcomes, **kernel_options)
+    kernel = _StartsKernel(d, activations=activations, shapes=shapes, batch_shape=torch.Size([a * s * k]) + outcomes, **kernel_options)
     for name in SCALE_NAMES:
         kernel._set_scale(name, starts[name])
     # no outcome transform: ``y`` is in the units the fit is for (BoTorch would standardize it by default)
-    gp = _StartsGP(x.expand(a * k, n, d), y.expand(a * k, n, m), covar_module=kernel, outcome_transform=None,
-                   likelihood=_noise_likelihood(torch.Size([a * k]) + outcomes))
+    gp = _StartsGP(x.expand(a * s * k, n, d), y.expand(a * s * k, n, m), covar_module=kernel, outcome_transform=None,
+                   likelihood=_noise_likelihood(torch.Size([a * s * k]) + outcomes))
     gp.likelihood.noise = starts["noise"].expand_as(gp.likelihood.noise).clone()
     gp.mean_module.constant = starts["mean"].expand_as(gp.mean_module.constant).clone()
     _fit_mll(gp)
     gp.train()
-    with torch.no_grad():  # per activation, start (and outcome): log p(y | scales, noise) + log p(scales, noise)
+    with torch.no_grad():  # per activation, shape, start (and outcome): log p(y | scales, noise) + log p(scales, noise)
         objective = _map_objective(gp)
-    kept, best = objective.nan_to_num(nan=-math.inf).reshape(a, k, *outcomes).max(1)  # (a,) or (a, m); a broken fit is never kept
-    totals = kept.reshape(a, -1).sum(-1).tolist()
+    kept, best = objective.nan_to_num(nan=-math.inf).reshape(a * s, k, *outcomes).max(1)  # (a s,) or (a s, m); a broken fit is never kept
+    totals = kept.reshape(a * s, -1).sum(-1).tolist()
     pick = (lambda t, index: t[index, torch.arange(m, device=index.device)]) if m > 1 else (lambda t, index: t[index])
     fits = {}
     with torch.no_grad():
         for i, activation in enumerate(activations):
-            index = i * k + best[i]  # () or (m,): the kept start's place in the batch
-            fits[activation] = {"objective": totals[i],
-                                "parameters": {name: pick(p.detach(), index) for name, p in gp.named_parameters()},
-                                "scales": {name: pick(kernel._scale(name).detach(), index) for name in SCALE_NAMES},
-                                "noise": pick(gp.likelihood.noise.detach(), index),
-                                "mean": pick(gp.mean_module.constant.detach(), index)}
+            for j, ard in enumerate(shapes):
+                part = i * s + j
+                index = part * k + best[part]  # () or (m,): the kept start's place in the batch
+                shared = () if ard else ("input_scale", "covar_module.raw_input_scale")  # held as their first coordinate
+                fits[activation, ard] = {
+                    "objective": totals[part],
+                    "parameters": {name: pick(p.detach(), index)[..., :1] if name in shared else pick(p.detach(), index)
+                                   for name, p in gp.named_parameters()},
+                    "scales": {name: pick(kernel._scale(name).detach(), index)[..., :1] if name in shared
+                               else pick(kernel._scale(name).detach(), index) for name in SCALE_NAMES},
+                    "noise": pick(gp.likelihood.noise.detach(), index),
+                    "mean": pick(gp.mean_module.constant.detach(), index)}
     return fits
 
 
@@ -661,12 +712,18 @@ def calibration_fit(train_X, train_Y, *, depth: int = 2, activation=DEFAULT_ACTI
     n, d = train_X.shape
     if d == 1 or n >= ARD_POINTS_PER_FEATURE * d:
         return infinite_width_gp(train_X, train_Y, ard=n >= ARD_POINTS_PER_FEATURE * d, outcome_transform=None, **shape)
-    fitted = {s: infinite_width_gp(train_X, train_Y, ard=s, outcome_transform=None, **shape) for s in (False, True)}  # checks warm_start
-    step = _prequential_step(warm_start, train_X, train_Y) if warm_start is not None else None
-    before = getattr(warm_start, "shape_scores", None)
-    scores = {False: 0.0, True: 0.0} if step is None or before is None else {s: before[s] + step[s] for s in (False, True)}
-    gp = fitted[scores[True] > scores[False]]
-    gp.infinite_width_fits = {**fitted[False].infinite_width_fits, **fitted[True].infinite_width_fits}
+    scores = {False: 0.0, True: 0.0}
+
+    def prequential_choice(fits, best, n, d, m):  # called once warm_start is checked
+        step = _prequential_step(warm_start, train_X, train_Y) if warm_start is not None else None
+        before = getattr(warm_start, "shape_scores", None)
+        if step is not None and before is not None:
+            scores.update({s: before[s] + step[s] for s in (False, True)})
+        return scores[True] > scores[False]
+
+    gp = _infinite_width_gp(train_X, train_Y, model=None, ard=None, outcome_transform=None, input_transform=None, starts=None,
+                            warm_start=warm_start, choose_ard=prequential_choice,
+                            **(dict(depth=None, activation=None) if warm_start is not None else dict(depth=depth, activation=activation)))
     gp.shape_scores = scores
     return gp
 
