@@ -10,7 +10,7 @@ Per problem and design: ``n_init`` scrambled Sobol points (the BO benchmark's 10
 steps that each add ``q`` points of a second Sobol sequence (the same for any code, so that two
 versions of the library see the same data: run this at each and compare the objectives step by
 step) and refit the calibration on the standardized outcomes. The evaluations are the calls of
-BoTorch's batched L-BFGS-B to its objective (one call evaluates every batch element: activations
+BoTorch's batched L-BFGS-B to its objective (one call evaluates every batch element: activations, input-scale shapes
 and starts), counted by wrapping ``botorch.optim.batched_lbfgs_b.fmin_l_bfgs_b_batched``; the
 objective is the kept fit's (``infinite_width_fits``: log marginal likelihood plus the log
 hyperprior densities, nats). One torch and one BLAS thread, as ``bayesopt.py``'s runs. The last
