@@ -138,6 +138,8 @@ def test_deep_ensemble_refuses_bad_arguments():
         deep_ensemble(model, x, y, num_members=2, validation=1.5, progress=False)
     with pytest.raises(ValueError, match="x_val"):
         deep_ensemble(model, x, y, num_members=2, x_val=x, progress=False)
+    with pytest.raises(ValueError, match="backend"):
+        deep_ensemble(model, x, y, num_members=2, backend="cuda", progress=False)
     learned = pyrobnn.BayesianModel(pyrobnn.MLP(2, 1, hidden=(4,)).double(), pyrobnn.GaussianLikelihood(scale="learned"))
     with pytest.raises(ValueError, match="deep_ensemble does not support GaussianLikelihood.*learned.*moves latent sites only"):
         deep_ensemble(learned, x, y, num_members=2, progress=False)

@@ -13,6 +13,7 @@ import torch
 
 import pyrobnn
 from pyrobnn.infer.mcmc import native
+from pyrobnn.infer.modes.ensemble import deep_ensemble
 from pyrobnn.infer.mcmc.samplers import nuts
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCState, MCLMCTuning, native_mclmc_step
 from pyrobnn.infer.mcmc.nuts_kernel import NUTS, NUTSSettings, NUTSState, native_nuts_step, nuts_step
@@ -445,3 +446,60 @@ def test_auto_never_takes_a_compiled_path_the_installed_torch_cannot_run(monkeyp
     assert backend.choose_path(potential, z, "auto", "MCLMC", 10**6).kind == "torch.compile"
     with pytest.raises(ValueError, match="backend='compile' does not apply to this run: torch 2.11.0"):
         backend.choose_path(potential, z, "compile", "NUTS", 10)
+
+
+def map_problem(n=30, likelihood=None):
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(n, 3, generator=g, dtype=F64) * 2 - 1
+    y = torch.sin(3 * x[:, :1]) + x[:, 1:2] * x[:, 2:] + 0.05 * torch.randn(n, 1, generator=g, dtype=F64)
+    net = torch.nn.Sequential(InputScaling(torch.zeros(3, dtype=F64), torch.full((3,), 1.5, dtype=F64)),
+                              torch.nn.Linear(3, 16), Erf(), torch.nn.Linear(16, 16), Erf(), torch.nn.Linear(16, 1),
+                              OutputMean(t64([0.2]))).double()
+    likelihood = likelihood if likelihood is not None else pyrobnn.GaussianLikelihood(scale=0.1)
+    return pyrobnn.BayesianModel(net, likelihood, pyrobnn.NormalPrior(1.0)).double(), x, y
+
+
+@pytest.mark.parametrize("likelihood", [None, "latent"])
+def test_full_batch_map_members_are_the_same_on_the_native_and_torch_paths(likelihood):
+    """deep_ensemble's full-batch MAP (what Laplace and SWAG start from) takes the native kernels
+    by default: the same members as torch's autograd up to rounding after 150 AdamW steps (each
+    evaluation agrees to about 1e-13), the same training loss and early stopping, and the result
+    says which path ran. With a latent noise scale the objective holds its prior and log-Jacobian."""
+    if likelihood == "latent":
+        likelihood = pyrobnn.GaussianLikelihood(scale=dist.LogNormal(t64(-2.0), t64(0.5)))
+    model, x, y = map_problem(likelihood=likelihood)
+    options = dict(num_members=3, objective="map", lr=1e-2, batch_size=None, max_epochs=150, progress=False, seed=2)
+    if likelihood is not None:
+        options.update(num_members=2)
+    torch_path = deep_ensemble(model, x, y, backend="eager", **options)
+    native_path = deep_ensemble(model, x, y, **options)
+    assert native_path.stats["path"] == "native" and "backend='auto'" in native_path.stats["path_reason"]
+    assert torch_path.stats["path"] == "eager"
+    for name, value in torch_path.samples.items():
+        torch.testing.assert_close(native_path.samples[name], value, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(native_path.stats["train_loss"], torch_path.stats["train_loss"], rtol=1e-10, atol=1e-10)
+    start = deep_ensemble(model, x, y, backend="eager", **dict(options, max_epochs=1))
+    name = next(name for name in start.samples if name.endswith("weight"))
+    assert not torch.allclose(start.samples[name], torch_path.samples[name], atol=1e-3)  # it trained
+
+
+def test_the_maps_path_is_chosen_by_a_rule_and_native_refused_by_name():
+    """``backend="auto"`` takes torch's autograd where the native kernels do not apply, saying
+    why: minibatches, an objective other than the log joint, a network they do not take; and
+    ``backend="native"`` is refused there, naming the reason, before anything trains."""
+    model, x, y = map_problem()
+    cases = [
+        (dict(batch_size=8), "batch_size=8 < 30 points"),
+        (dict(objective="anchored"), "objective='anchored'"),
+        (dict(objective="likelihood"), "objective='likelihood'"),
+    ]
+    for options, reason in cases:
+        result = deep_ensemble(model, x, y, num_members=2, max_epochs=2, progress=False, **dict(dict(batch_size=None), **options))
+        assert result.stats["path"] == "eager" and reason in result.stats["path_reason"]
+        with pytest.raises(ValueError, match=f"backend='native' does not apply to this run: {reason}"):
+            deep_ensemble(model, x, y, num_members=2, max_epochs=2, progress=False, backend="native",
+                          **dict(dict(batch_size=None), **options))
+    cnn = pyrobnn.BayesianModel(torch.nn.Sequential(torch.nn.Unflatten(1, (1, 3)), torch.nn.Conv1d(1, 2, 2), torch.nn.Flatten(),
+                                                    torch.nn.Linear(4, 1)).double(), pyrobnn.GaussianLikelihood(scale=0.1))
+    result = deep_ensemble(cnn, x, y, num_members=2, max_epochs=2, batch_size=None, progress=False)
+    assert result.stats["path"] == "eager" and "the network is not an nn.Linear" in result.stats["path_reason"]
