@@ -485,12 +485,11 @@ def test_full_batch_map_members_are_the_same_on_the_native_and_torch_paths(likel
 
 def test_the_maps_path_is_chosen_by_a_rule_and_native_refused_by_name():
     """``backend="auto"`` takes torch's autograd where the native kernels do not apply, saying
-    why: minibatches, an objective other than the log joint, a network they do not take; and
+    why: minibatches, the likelihood alone as the objective, a network they do not take; and
     ``backend="native"`` is refused there, naming the reason, before anything trains."""
     model, x, y = map_problem()
     cases = [
         (dict(batch_size=8), "batch_size=8 < 30 points"),
-        (dict(objective="anchored"), "objective='anchored'"),
         (dict(objective="likelihood"), "objective='likelihood'"),
     ]
     for options, reason in cases:
@@ -503,3 +502,20 @@ def test_the_maps_path_is_chosen_by_a_rule_and_native_refused_by_name():
                                                     torch.nn.Linear(4, 1)).double(), pyrobnn.GaussianLikelihood(scale=0.1))
     result = deep_ensemble(cnn, x, y, num_members=2, max_epochs=2, batch_size=None, progress=False)
     assert result.stats["path"] == "eager" and "the network is not an nn.Linear" in result.stats["path_reason"]
+
+
+def test_anchored_members_are_the_same_on_the_native_and_torch_paths():
+    """The anchored ensemble (the BO surrogates' default) on the native path: each member's
+    potential of its own perturbed targets, shifted to its anchor by the Gaussian prior's
+    closed form; the same members and losses as torch's autograd of the anchored objective."""
+    model, x, y = map_problem()
+    options = dict(num_members=4, objective="anchored", lr=1e-2, batch_size=None, max_epochs=150, progress=False, seed=1)
+    torch_path = deep_ensemble(model, x, y, backend="eager", **options)
+    native_path = deep_ensemble(model, x, y, **options)
+    assert native_path.stats["path"] == "native" and "'anchored'" in native_path.stats["path_reason"]
+    for name, value in torch_path.samples.items():
+        torch.testing.assert_close(native_path.samples[name], value, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(native_path.stats["train_loss"], torch_path.stats["train_loss"], rtol=1e-10, atol=1e-10)
+    two = deep_ensemble(model, x, y, num_processes=2, **options)  # each process its members' targets and anchors
+    for name, value in torch_path.samples.items():
+        torch.testing.assert_close(two.samples[name], value, rtol=1e-9, atol=1e-10)

@@ -46,6 +46,7 @@ import torch
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint, watching
 from pyrobnn.infer.core.execution import ExecutionPath
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
+from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.problem import flat_problem
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.infer.core.starts import initial_positions, member_initializations
@@ -131,12 +132,15 @@ def train_members(
     targets=None,
     path: str = "eager",
 ):
-    """Train the members ``z_init`` (``(K, dim)``) with AdamW in one batched computation.
+    r"""Train the members ``z_init`` (``(K, dim)``) with AdamW in one batched computation.
     ``objective="anchored"`` takes each member's anchor ``anchors`` ``(K, dim)`` and perturbed
     targets ``targets`` ``(K, *y.shape)`` (:func:`anchored_draws`). ``path="native"`` evaluates
     the loss and its gradient by the native kernels
-    (:class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``, which holds ``(x, y)``):
-    for ``objective="map"`` on full batches only (:func:`gradient_path` decides).
+    (:class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``, which holds ``(x, y)``),
+    for ``objective="map"`` or ``"anchored"`` on full batches (:func:`gradient_path` decides):
+    the anchored loss of member :math:`k` is the potential :math:`U_k` of its own targets plus
+    :math:`\log p(z) - \log p(z - a_k) = -\sum_j (z_j a_{kj} - a_{kj}^2/2) / s_j^2` for Gaussian
+    priors of scales :math:`s_j`, whose gradient is :math:`-a_{kj} / s_j^2`.
 
     Every epoch visits the training points in a fresh random order (the same for all members,
     from ``seed``), in minibatches of ``batch_size`` (all points if ``None``). With validation
@@ -151,12 +155,16 @@ def train_members(
     n = x.shape[0]
     if batch_size is None:
         batch_size = n
-    native = None
+    natives = precision = None
     if path == "native":
-        if objective != "map" or batch_size < n or potential.x.shape[0] != n:
-            raise ValueError(f"the native path trains objective='map' on full batches of the potential's data, "
+        if objective not in ("map", "anchored") or batch_size < n or potential.x.shape[0] != n:
+            raise ValueError(f"the native path trains objective='map' or 'anchored' on full batches of the potential's data, "
                              f"got objective={objective!r}, batch_size={batch_size} of {n} points")
-        native = native_kernels.NativeMLP(potential, threads=1)
+        if objective == "map":
+            natives = [native_kernels.NativeMLP(potential, threads=1)]
+        else:  # one potential per member, of its own perturbed targets
+            natives = [native_kernels.NativeMLP(FlatPotential(potential.model, x, t), threads=1) for t in targets]
+            precision = _prior_precisions(potential)
     members = z_init.shape[0]
     z = torch.nn.Parameter(z_init.detach().clone())
     # fused: a failed step is skipped on the device, without a host synchronization
@@ -196,8 +204,14 @@ def train_members(
                 for idx in loop.epoch_batches():
                     if checkpoint is not None and checkpoint.stop_overdue():
                         raise checkpoint.interrupted(epoch, "epochs")
-                    if native is not None:  # the full batch, whatever its order: U(z) and its gradient
-                        energy, grad = native.value_and_grad(z.detach())
+                    if natives is not None:  # the full batch, whatever its order: U(z) and its gradient
+                        if precision is None:
+                            energy, grad = natives[0].value_and_grad(z.detach())
+                        else:
+                            parts = [native.value_and_grad(z.detach()[k : k + 1]) for k, native in enumerate(natives)]
+                            energy, grad = torch.cat([u for u, _ in parts]), torch.cat([g for _, g in parts])
+                            energy = energy - (precision * (z.detach() - 0.5 * anchors) * anchors).sum(-1)
+                            grad = grad - precision * anchors
                         per_member = energy / n
                         z.grad = grad / n
                     else:
@@ -232,12 +246,22 @@ def train_members(
                     break
         finally:
             bar.close()
-            if native is not None:
+            for native in natives or ():
                 native.close()
     if not validate:
         best = z.detach().clone()
     stats = {"val_nll" if validate else "train_loss": best_loss.cpu(), "best_epoch": best_epoch, "epochs": epochs}
     return best, stats, torch.stack(history)
+
+
+def _prior_precisions(potential) -> torch.Tensor:
+    """The Gaussian weight priors' precisions :math:`1/s_j^2`, one per coordinate of
+    ``potential``'s flat weights ``(dim,)`` (its sites all have Normal priors and it no latent
+    sites: :func:`anchored_refusal`)."""
+    model = potential.model
+    blocks = [torch.full((site.shape.numel(),), model.site_prior(site).site_scale(site) ** -2.0, dtype=model.dtype, device=model.device)
+              for site in potential.sites]
+    return torch.cat(blocks)
 
 
 def anchored_log_joint(potential, z, anchors, x, targets, dataset_size: int):
@@ -432,8 +456,9 @@ def gradient_path(backend: str, potential, objective: str, batch_size) -> Execut
     :math:`U(z)`, the negative log joint, and its gradient by hand-written backpropagation, a
     member's evaluation in one pass) or torch's autograd (``"eager"``). ``backend="auto"``
     takes the native kernels wherever they apply, by a rule on the model and the run (never on
-    timings or a cache): ``objective="map"`` (their :math:`U` is that objective times the
-    number of points), full batches (``batch_size`` ``None`` or at least the points: they
+    timings or a cache): ``objective="map"`` or ``"anchored"`` (their :math:`U` is the MAP
+    objective times the number of points; :func:`train_members` shifts it to each member's
+    anchor and targets), full batches (``batch_size`` ``None`` or at least the points: they
     evaluate the whole data), a model :func:`~pyrobnn.infer.mcmc.native.unsupported_reason`
     accepts, and a C++ compiler found. ``"native"`` is refused, naming the reason, where they do
     not apply. On the Bayesian-optimization surrogates' 50-50 erf network at 30 points a step took
@@ -441,8 +466,8 @@ def gradient_path(backend: str, potential, objective: str, batch_size) -> Execut
     if backend == "eager":
         return ExecutionPath("eager", "backend='eager'")
     n = potential.x.shape[0]
-    if objective != "map":
-        reason = f"objective={objective!r} (the native kernels evaluate the log joint, objective='map')"
+    if objective == "likelihood":
+        reason = "objective='likelihood' (the native kernels evaluate the log joint, with the prior)"
     elif batch_size is not None and batch_size < n:
         reason = f"batch_size={batch_size} < {n} points (the native kernels evaluate the full data)"
     else:
@@ -455,7 +480,7 @@ def gradient_path(backend: str, potential, objective: str, batch_size) -> Execut
         return ExecutionPath("native", "backend='native'")
     if reason is not None:
         return ExecutionPath("eager", f"backend='auto': the native kernels do not apply: {reason}")
-    return ExecutionPath("native", "backend='auto': full-batch MAP of a network the native kernels take")
+    return ExecutionPath("native", f"backend='auto': full-batch {objective!r} objective of a network the native kernels take")
 
 
 def warm_map(model, x, y, start, num_members: int, map_options, fraction: float, seed: int) -> EnsemblePosterior:
