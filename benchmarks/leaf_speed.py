@@ -10,7 +10,7 @@ optimization surrogates' network (``bayesopt.py``: 50-50 erf units behind a fixe
 a constant output offset, float64) on 30 points in 2-D and 42 in 6-D, the sizes of a BO run's
 refits (no JAX row: its JAX twin is not written). Paths:
 
-- ``native``: :mod:`pyrobnn.infer.mcmc.native` (the hand-derived kernels), one call for all chains;
+- ``native``: :mod:`pyrobnn.infer.core.native` (the hand-derived kernels), one call for all chains;
 - ``compiled``: ``FlatPotential.value_and_grad_functional`` under ``torch.compile`` (the torch
   path the samplers compile; the compilation time is printed beside);
 - ``eager``: ``FlatPotential.value_and_grad`` (autograd, op by op);
@@ -78,14 +78,26 @@ def best_time(fn, z, repeats):
     return best
 
 
+#: where the kernels' source has lived: in the shared core since 2026-12-06, before that beside the samplers
+KERNEL_SOURCES = ("pyrobnn/infer/core/native/mlp_kernels.cpp", "pyrobnn/infer/mcmc/native/mlp_kernels.cpp")
+
+
+def kernel_source_at(revision, cwd):
+    """The path of the native kernels' source at git ``revision`` (``None`` where it has none)."""
+    for path in KERNEL_SOURCES:
+        if subprocess.run(["git", "cat-file", "-e", f"{revision}:{path}"], capture_output=True, cwd=cwd).returncode == 0:
+            return path
+    return None
+
+
 def library_at(revision=None, vector_math=True):
     """The native kernels' source at git ``revision`` (``None``: today's), built as the package
-    builds it (:func:`~pyrobnn.infer.mcmc.native.build.compile_kernels`, today's flags and
+    builds it (:func:`~pyrobnn.infer.core.native.build.compile_kernels`, today's flags and
     constants header; without glibc's vector math library unless ``vector_math``) into a
     temporary folder: ``(name, library)``."""
     import tempfile
 
-    from pyrobnn.infer.mcmc.native import build
+    from pyrobnn.infer.core.native import build
 
     folder = tempfile.mkdtemp(prefix="pyrobnn-kernels-")
     source = build.SOURCE
@@ -94,7 +106,7 @@ def library_at(revision=None, vector_math=True):
                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
         source = os.path.join(folder, "kernels.cpp")
         with open(source, "w") as f:
-            f.write(subprocess.run(["git", "show", f"{revision}:pyrobnn/infer/mcmc/native/mlp_kernels.cpp"], capture_output=True,
+            f.write(subprocess.run(["git", "show", f"{revision}:{kernel_source_at(revision, root)}"], capture_output=True,
                                    text=True, check=True, cwd=root).stdout)
     out = os.path.join(folder, "lib.so")
     build.compile_kernels(source, out, build.build_info()["compiler"], vector_math=vector_math)
@@ -106,7 +118,7 @@ def torch_rows(quick, against=None, scalar_math=False):
 
     import pyro
 
-    from pyrobnn.infer.mcmc import native
+    from pyrobnn.infer.core import native
     from pyrobnn.infer.core.potential import FlatPotential
 
     others = ([library_at(against)] if against else []) + ([library_at(None, vector_math=False)] if scalar_math else [])
@@ -205,9 +217,7 @@ def main(argv=None):
     parser.add_argument("--scalar-math", action="store_true", help="also time today's kernels built without glibc's vector math library")
     args = parser.parse_args(argv)
     if args.against is not None:
-        found = subprocess.run(["git", "cat-file", "-e", f"{args.against}:pyrobnn/infer/mcmc/native/mlp_kernels.cpp"], capture_output=True,
-                               cwd=os.path.dirname(os.path.abspath(__file__)))
-        if found.returncode != 0:
+        if kernel_source_at(args.against, os.path.dirname(os.path.abspath(__file__))) is None:
             parser.error(f"--against: {args.against!r} is no git revision of this checkout with the native kernels' source")
     torch.set_num_threads(args.threads)
     rows = torch_rows(args.quick, args.against, args.scalar_math)

@@ -9,7 +9,7 @@ import torch
 
 import pyrobnn
 from pyrobnn import methods, testing
-from pyrobnn.infer.mcmc import native
+from pyrobnn.infer.core import native
 
 
 @testing.parametrize_with_checks()

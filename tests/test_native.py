@@ -1,4 +1,4 @@
-"""The native kernels (pyrobnn.infer.mcmc.native): the hand-derived potential and gradient against
+"""The native kernels (pyrobnn.infer.core.native): the hand-derived potential and gradient against
 torch.autograd, the NUTS transition and MCLMC step against the torch code on the same random
 numbers, the library cache refusing what it cannot trust, and the budget's choice of path."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pyrobnn
-from pyrobnn.infer.mcmc import native
+from pyrobnn.infer.core import native
 from pyrobnn.infer.modes.ensemble import deep_ensemble
 from pyrobnn.infer.mcmc.samplers import nuts
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCState, MCLMCTuning, native_mclmc_step

@@ -12,7 +12,7 @@ A likelihood owns three things:
 3. **Metrics**, through the summaries in :mod:`pyrobnn.evaluation.predictions`.
 
 Each likelihood also declares whether and how the samplers' native kernels
-(:mod:`pyrobnn.infer.mcmc.native`) evaluate it (:meth:`Likelihood.native_form`): one of the kinds
+(:mod:`pyrobnn.infer.core.native`) evaluate it (:meth:`Likelihood.native_form`): one of the kinds
 of :data:`NATIVE_KINDS` with its parameters, or why not.
 
 The network's output always has a trailing feature dimension: ``(N, D)`` for regression,

@@ -273,7 +273,7 @@ def test_a_real_full_disk_under_a_checkpointed_run(tmp_path):
     bound="-",
 )
 def test_a_real_full_disk_during_the_native_build(tmp_path):
-    from pyrobnn.infer.mcmc import native
+    from pyrobnn.infer.core import native
 
     if native.build_info()["compiler"] is None:
         pytest.skip("no C++ compiler: no native build to fail")
@@ -346,7 +346,7 @@ def test_a_checkpoint_of_another_run_is_refused_by_name(tmp_path):
 # ------------------------------------------------------------------ a tampered native cache
 TAMPER = r"""
 import json, sys
-from pyrobnn.infer.mcmc import native
+from pyrobnn.infer.core import native
 lib, record = native.library()
 print(json.dumps({"event": record["event"], "because": record.get("rebuilt_because", ""), "file": record["file"]}))
 """
@@ -359,7 +359,7 @@ print(json.dumps({"event": record["event"], "because": record.get("rebuilt_becau
     bound="-",
 )
 def test_a_tampered_native_cache_is_rebuilt_never_loaded(tmp_path):
-    from pyrobnn.infer.mcmc import native
+    from pyrobnn.infer.core import native
 
     if native.build_info()["compiler"] is None:
         pytest.skip("no C++ compiler: no native kernels to cache")

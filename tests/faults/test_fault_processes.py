@@ -31,7 +31,7 @@ def _together(code, args_list, env=None, timeout=600):
 
 BUILD = r"""
 import json
-from pyrobnn.infer.mcmc import native
+from pyrobnn.infer.core import native
 lib, record = native.library()
 print(json.dumps({"event": record["event"], "file": record["file"]}))
 """
@@ -43,7 +43,7 @@ print(json.dumps({"event": record["event"], "file": record["file"]}))
     bound="-",
 )
 def test_two_processes_building_the_native_kernels_build_once(tmp_path):
-    from pyrobnn.infer.mcmc import native
+    from pyrobnn.infer.core import native
 
     if native.build_info()["compiler"] is None:
         pytest.skip("no C++ compiler: nothing to build")

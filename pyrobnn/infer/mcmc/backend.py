@@ -2,7 +2,7 @@
 
 Three backends compute the same transitions on the same random numbers:
 
-- ``"native"``: the hand-written kernels of :mod:`pyrobnn.infer.mcmc.native`, for the common
+- ``"native"``: the hand-written kernels of :mod:`pyrobnn.infer.core.native`, for the common
   Bayesian MLP; built once per machine (about 2 s) and loaded from the user's cache afterwards;
 - ``"compile"``: the torch code compiled by Inductor (``torch.compile``), for any network; it
   pays 10-16 s of compilation in every run and every process;
@@ -12,7 +12,7 @@ Three backends compute the same transitions on the same random numbers:
 never to timings or to what a cache holds, so that one call with one seed takes one backend on
 every machine that has a C++ compiler, and gives bit-identical draws each time:
 
-1. the native kernels where they apply (:func:`~pyrobnn.infer.mcmc.native.unsupported_reason`
+1. the native kernels where they apply (:func:`~pyrobnn.infer.core.native.unsupported_reason`
    is ``None`` and a C++ compiler is found), except MCLMC with at least :data:`LOCKSTEP_CHAINS`
    chains on a network of at least :data:`LARGE_MACS` multiply-adds per evaluation, which
    Inductor's batched products run faster;
@@ -37,7 +37,7 @@ from __future__ import annotations
 import torch
 
 from pyrobnn.infer.core.execution import ExecutionPath
-from pyrobnn.infer.mcmc import native as native_kernels
+from pyrobnn.infer.core import native as native_kernels
 
 __all__ = ["choose_path", "BACKENDS", "COMPILE_FROM_EVALUATIONS", "LARGE_MACS", "LOCKSTEP_CHAINS", "COMPILED_NUTS_TORCH", "compile_refusal", "torch_version"]
 

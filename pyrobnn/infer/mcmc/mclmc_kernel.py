@@ -147,7 +147,7 @@ def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise
 
 
 def native_mclmc_step(native, state: MCLMCState, noise, tuning: MCLMCTuning):
-    """:func:`mclmc_step` in the native kernels (:class:`~pyrobnn.infer.mcmc.native.NativeMLP` of
+    """:func:`mclmc_step` in the native kernels (:class:`~pyrobnn.infer.core.native.NativeMLP` of
     the same potential), on the same noise."""
     z, u, energy, grad = state.z.clone(), state.u.clone(), state.energy.clone(), state.grad.clone()
     d_energy, finite = native.mclmc(

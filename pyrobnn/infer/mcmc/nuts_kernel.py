@@ -289,7 +289,7 @@ def transition_uniforms(chains: int, max_tree_depth: int, generator=None, dtype=
     ``2 * max_tree_depth + 2**max_tree_depth - 1``: the direction of each doubling (forward where
     below 0.5), the merge uniform of each doubling, then one per leaf (doubling ``j`` reads leaves
     ``2**j - 1`` to ``2**(j + 1) - 2``). Drawn at once, so that the batched torch path and the
-    native kernels (:mod:`pyrobnn.infer.mcmc.native`), which build each chain's tree on its own, follow
+    native kernels (:mod:`pyrobnn.infer.core.native`), which build each chain's tree on its own, follow
     the same random stream."""
     return torch.rand(chains, 2 * max_tree_depth + 2**max_tree_depth - 1, generator=generator, dtype=dtype, device=device)
 
@@ -353,7 +353,7 @@ def nuts_transition(potential, state: NUTSState, randoms: NUTSRandoms, settings:
 
 
 def native_nuts_step(native, state: NUTSState, randoms: NUTSRandoms, settings: NUTSSettings, max_tree_depth: int = 10):
-    """:func:`nuts_step` in the native kernels (:class:`~pyrobnn.infer.mcmc.native.NativeMLP` of
+    """:func:`nuts_step` in the native kernels (:class:`~pyrobnn.infer.core.native.NativeMLP` of
     the same potential): each chain's tree built on its own, on the same random numbers."""
     inv_mass = settings.inv_mass
     r0 = randoms.momentum / inv_mass.sqrt()

@@ -16,7 +16,7 @@ from pyrobnn.infer.core.checkpoints import Checkpointing, digest
 from pyrobnn.infer.core.kernel import FullBatch
 from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.runner import RunSettings, Sampler, sample
-from pyrobnn.infer.mcmc import native as native_kernels
+from pyrobnn.infer.core import native as native_kernels
 from pyrobnn.infer.mcmc.backend import BACKENDS, choose_path
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCAdaptation
 from pyrobnn.infer.mcmc.nuts_kernel import NUTS, WindowAdaptation, draws_variance
@@ -122,7 +122,7 @@ def nuts(
         unconstrained space, as Pyro's and Stan's do (unless ``init`` gives the starts).
     :param backend: which code runs the transitions (:mod:`pyrobnn.infer.mcmc.backend`):
         ``"auto"`` (default) takes, by a rule on the model and the run, the native kernels of
-        :mod:`pyrobnn.infer.mcmc.native` (stacks of ``nn.Linear`` with Normal priors and a Gaussian,
+        :mod:`pyrobnn.infer.core.native` (stacks of ``nn.Linear`` with Normal priors and a Gaussian,
         heteroscedastic or categorical likelihood; built once per machine in about 2 s), else
         ``torch.compile`` for a run long enough to pay its 10-16 s, else eager torch code;
         ``"native"``, ``"compile"`` or ``"eager"`` names one. ``stats["path"]`` and

@@ -50,7 +50,7 @@ from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.problem import flat_problem
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.infer.core.starts import initial_positions, member_initializations
-from pyrobnn.infer.mcmc import native as native_kernels
+from pyrobnn.infer.core import native as native_kernels
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register, scaled_budget
 from pyrobnn.models.likelihoods import GaussianLikelihood
@@ -136,7 +136,7 @@ def train_members(
     ``objective="anchored"`` takes each member's anchor ``anchors`` ``(K, dim)`` and perturbed
     targets ``targets`` ``(K, *y.shape)`` (:func:`anchored_draws`). ``path="native"`` evaluates
     the loss and its gradient by the native kernels
-    (:class:`~pyrobnn.infer.mcmc.native.NativeMLP` of ``potential``, which holds ``(x, y)``),
+    (:class:`~pyrobnn.infer.core.native.NativeMLP` of ``potential``, which holds ``(x, y)``),
     for ``objective="map"`` or ``"anchored"`` on full batches (:func:`gradient_path` decides):
     the anchored loss of member :math:`k` is the potential :math:`U_k` of its own targets plus
     :math:`\log p(z) - \log p(z - a_k) = -\sum_j (z_j a_{kj} - a_{kj}^2/2) / s_j^2` for Gaussian
@@ -452,17 +452,19 @@ BACKENDS = ("auto", "native", "eager")
 
 def gradient_path(backend: str, potential, objective: str, batch_size) -> ExecutionPath:
     """The code that evaluates the members' loss and gradient in :func:`train_members` on
-    ``potential``'s data: the native kernels (:mod:`pyrobnn.infer.mcmc.native`: the potential
+    ``potential``'s data: the native kernels (:mod:`pyrobnn.infer.core.native`: the potential
     :math:`U(z)`, the negative log joint, and its gradient by hand-written backpropagation, a
     member's evaluation in one pass) or torch's autograd (``"eager"``). ``backend="auto"``
     takes the native kernels wherever they apply, by a rule on the model and the run (never on
     timings or a cache): ``objective="map"`` or ``"anchored"`` (their :math:`U` is the MAP
     objective times the number of points; :func:`train_members` shifts it to each member's
     anchor and targets), full batches (``batch_size`` ``None`` or at least the points: they
-    evaluate the whole data), a model :func:`~pyrobnn.infer.mcmc.native.unsupported_reason`
+    evaluate the whole data), a model :func:`~pyrobnn.infer.core.native.unsupported_reason`
     accepts, and a C++ compiler found. ``"native"`` is refused, naming the reason, where they do
-    not apply. On the Bayesian-optimization surrogates' 50-50 erf network at 30 points a step took
-    2.9 ms through torch (docs/bayesopt.md, "The MAP's steps in the native kernels")."""
+    not apply. On the Bayesian-optimization surrogates' 50-50 erf network at 30-42 points a warm
+    refit's step (its set-up included) took 1.7-1.8 ms through torch and 0.38-0.42 ms native for
+    one member, 2.6-3.1 ms and 0.85-0.91 ms for 8 anchored members (``benchmarks/map_paths.py``;
+    docs/bayesopt.md, "The MAP's steps in the native kernels")."""
     if backend == "eager":
         return ExecutionPath("eager", "backend='eager'")
     n = potential.x.shape[0]

@@ -1,9 +1,9 @@
 // Hand-derived potential and gradient of a Bayesian MLP, and the NUTS transition and MCLMC step
-// over it, for pyrobnn's samplers (pyrobnn/infer/mcmc/native/__init__.py builds and loads this file).
+// over it, for pyrobnn's samplers (pyrobnn/infer/core/native/__init__.py builds and loads this file).
 //
 // The codes, coefficients and thresholds shared with the Python code come from the header
 // pyrobnn_constants.h, which the build generates from the Python definitions
-// (pyrobnn/infer/mcmc/native/constants.py): none is written here.
+// (pyrobnn/infer/core/native/constants.py): none is written here.
 //
 // The potential is U(z) = -log p(y | x, w) - log p(w) - log|J| of pyrobnn.infer.core.potential.
 // FlatPotential for a BayesianModel whose network is a stack of nn.Linear layers with

@@ -1,4 +1,4 @@
-r"""The samplers' leaf in native code, compiled once per machine.
+r"""The potential of the common Bayesian MLP and the samplers' leaf in native code, compiled once per machine.
 
 For the common Bayesian MLP (a stack of ``nn.Linear`` layers with tanh, ReLU, GELU, sigmoid or erf
 activations, optionally behind a fixed input map and ahead of a constant output offset, as the
@@ -10,7 +10,9 @@ noise scale, heteroscedastic Gaussian, categorical or Bernoulli) the potential
 :class:`~pyrobnn.infer.core.potential.FlatPotential` and its gradient are written out by hand in
 ``mlp_kernels.cpp`` (backpropagation by hand, checked against ``torch.autograd`` in
 ``tests/test_native.py``), together with the NUTS transition and the MCLMC step around them.
-Each chain runs start to end in one pass over feature-major activations, so a chain whose NUTS
+The samplers take them (:mod:`pyrobnn.infer.mcmc.backend`), and so does a deep ensemble's
+full-batch MAP (:func:`pyrobnn.infer.modes.ensemble.gradient_path`): they live in the shared core
+because two method families use them. Each chain runs start to end in one pass over feature-major activations, so a chain whose NUTS
 trajectory ends early costs nothing more, and groups of chains run on threads at once (ctypes
 releases the GIL during a call).
 
@@ -44,8 +46,8 @@ from torch import nn
 from torch.distributions import biject_to
 from torch.distributions.transforms import ExpTransform
 
-from pyrobnn.infer.mcmc.native.build import NativeUnavailable, build_info, is_cached, library, library_folder
-from pyrobnn.infer.mcmc.native.constants import ACTIVATIONS, LIKELIHOODS, NOISE_PRIORS
+from pyrobnn.infer.core.native.build import NativeUnavailable, build_info, is_cached, library, library_folder
+from pyrobnn.infer.core.native.constants import ACTIVATIONS, LIKELIHOODS, NOISE_PRIORS
 from pyrobnn.models.infinite_width import InputScaling, OutputMean
 from pyrobnn.models.likelihoods import Likelihood
 from pyrobnn.models.priors import NormalPrior

@@ -34,7 +34,7 @@ try:
 except ImportError:  # not POSIX: builds are not serialized (each still renames into place)
     fcntl = None
 
-from pyrobnn.infer.mcmc.native import constants
+from pyrobnn.infer.core.native import constants
 
 __all__ = [
     "SOURCE", "library", "library_folder", "is_cached", "build_info", "compile_kernels", "load_kernels", "NativeUnavailable",
