@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pyrobnn.infer.core import native as native_kernels
 from pyrobnn.infer.core.checkpoints import Checkpointing, RunCheckpoint, watching
 from pyrobnn.infer.core.execution import ExecutionPath
 from pyrobnn.infer.core.minibatch import MinibatchLoop, minibatch_log_joint
@@ -50,7 +51,6 @@ from pyrobnn.infer.core.potential import FlatPotential
 from pyrobnn.infer.core.problem import flat_problem
 from pyrobnn.infer.core.processes import concat_rows, run_in_processes, split_rows
 from pyrobnn.infer.core.starts import initial_positions, member_initializations
-from pyrobnn.infer.core import native as native_kernels
 from pyrobnn.infer.results.posterior import Posterior
 from pyrobnn.methods import MethodSpec, WarmStart, checked, latent_only_support, register, scaled_budget
 from pyrobnn.models.likelihoods import GaussianLikelihood
@@ -364,9 +364,9 @@ def deep_ensemble(
         unconstrained positions ``(num_members, dim)``. A warm start, e.g. to refit after new data
         arrive (:mod:`pyrobnn.integrations.botorch`).
     :param backend: the code that evaluates each step's loss and gradient (:func:`gradient_path`):
-        ``"auto"`` takes the samplers' native kernels where they apply (``objective="map"`` on
-        full batches of a common Bayesian MLP on the CPU, with a C++ compiler) and torch
-        otherwise; ``"native"`` or ``"eager"`` names one (``"native"`` is refused, with the
+        ``"auto"`` takes the samplers' native kernels where they apply (``objective="map"`` or
+        ``"anchored"`` on full batches of a common Bayesian MLP on the CPU, with a C++ compiler)
+        and torch otherwise; ``"native"`` or ``"eager"`` names one (``"native"`` is refused, with the
         reason, where it does not apply). Both give the same members up to floating-point
         rounding; ``stats["path"]`` and ``stats["path_reason"]`` say which ran and why.
     :returns: an :class:`EnsemblePosterior`: the members as ``(K, 1, *shape)`` draws.
