@@ -76,14 +76,7 @@ def compile_refusal(sampler: str, version: str = None):
 
 def _native(potential, why) -> ExecutionPath:
     kernel = native_kernels.NativeMLP(potential)
-    record = kernel.record
-    if record["event"] == "built":
-        why += f"; built them in {record['build_seconds']:.1f} s (once per machine, kept in {native_kernels.library_folder()})"
-        if "rebuilt_because" in record:
-            why += f"; the cached library was refused: {record['rebuilt_because']}"
-    else:
-        why += "; loaded from this machine's cache"
-    return ExecutionPath("native", why, kernel)
+    return ExecutionPath("native", f"{why}; {native_kernels.loading_note(kernel.record)}", kernel)
 
 
 def choose_path(potential, z0, backend: str, sampler: str, evaluations: int, bound: bool = False) -> ExecutionPath:
@@ -99,9 +92,7 @@ def choose_path(potential, z0, backend: str, sampler: str, evaluations: int, bou
         if refusal is not None:
             raise ValueError(f"backend='compile' does not apply to this run: {refusal}; use backend='eager' or 'auto'")
         return ExecutionPath("torch.compile", "backend='compile'")
-    reason = native_kernels.unsupported_reason(potential.model, potential.x)
-    if reason is None and native_kernels.build_info()["compiler"] is None:
-        reason = "no C++ compiler was found"
+    reason = native_kernels.native_refusal(potential.model, potential.x)
     if backend == "native":
         if reason is not None:
             raise ValueError(f"backend='native' does not apply to this run: {reason}; use backend='compile' or 'auto'")

@@ -473,9 +473,7 @@ def gradient_path(backend: str, potential, objective: str, batch_size) -> Execut
     elif batch_size is not None and batch_size < n:
         reason = f"batch_size={batch_size} < {n} points (the native kernels evaluate the full data)"
     else:
-        reason = native_kernels.unsupported_reason(potential.model, potential.x)
-        if reason is None and native_kernels.build_info()["compiler"] is None:
-            reason = "no C++ compiler was found"
+        reason = native_kernels.native_refusal(potential.model, potential.x)
     if backend == "native":
         if reason is not None:
             raise ValueError(f"backend='native' does not apply to this run: {reason}; use backend='eager' or 'auto'")

@@ -52,7 +52,8 @@ from pyrobnn.models.infinite_width import InputScaling, OutputMean
 from pyrobnn.models.likelihoods import Likelihood
 from pyrobnn.models.priors import NormalPrior
 
-__all__ = ["NativeMLP", "unsupported_reason", "native_form", "multiply_adds", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable"]
+__all__ = ["NativeMLP", "unsupported_reason", "native_form", "multiply_adds", "library", "library_folder", "is_cached", "build_info", "NativeUnavailable",
+           "native_refusal", "loading_note"]
 
 
 class _Model(ctypes.Structure):
@@ -177,6 +178,27 @@ def unsupported_reason(model, x=None):
         return f"inputs of shape {tuple(x.shape)} (the native kernels take (N, {layers[0][0].in_features}))"
     return None
 
+
+
+def native_refusal(model, x=None):
+    """Why the native kernels cannot run ``model`` (on inputs ``x``) on this machine, as far as
+    can be told without loading them (``None``: they can): :func:`unsupported_reason`, else a
+    missing C++ compiler. Loading may still fail (:class:`NativeUnavailable`)."""
+    reason = unsupported_reason(model, x)
+    if reason is None and build_info()["compiler"] is None:
+        reason = "no C++ compiler was found"
+    return reason
+
+
+def loading_note(record) -> str:
+    """What :func:`library` did to give its ``record``, in words for a path's reason: built (and
+    why an entry was refused), or loaded from this machine's cache."""
+    if record["event"] != "built":
+        return "loaded from this machine's cache"
+    note = f"built them in {record['build_seconds']:.1f} s (once per machine, kept in {library_folder()})"
+    if "rebuilt_because" in record:
+        note += f"; the cached library was refused: {record['rebuilt_because']}"
+    return note
 
 class NativeMLP:
     """The potential of ``potential`` (a :class:`~pyrobnn.infer.core.potential.FlatPotential` holding
