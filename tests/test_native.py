@@ -323,7 +323,7 @@ def test_the_cache_is_built_once_and_refuses_what_it_cannot_trust(fresh_cache, m
 def test_a_library_the_loader_refuses_leaves_the_torch_path_and_says_why(monkeypatch):
     """A built library that does not load (a symbol this machine's libraries lack) is not a crash:
     ``library()`` raises NativeUnavailable with the loader's message and ``backend="auto"`` takes
-    the torch path, saying why."""
+    the torch path, saying why, in the samplers and in a deep ensemble's full-batch MAP."""
     native.library()  # built or cached already: this test builds nothing new
     monkeypatch.setattr(native.build, "_LOADED", {})
 
@@ -336,6 +336,8 @@ def test_a_library_the_loader_refuses_leaves_the_torch_path_and_says_why(monkeyp
     model, x, y = small_bnn()
     result = nuts(model, x, y, num_samples=2, num_warmup=2, num_chains=2, max_tree_depth=2, progress=False)
     assert result.stats["path"] == "eager" and "undefined symbol" in result.stats["path_reason"]
+    ensemble = deep_ensemble(model, x, y, num_members=2, max_epochs=2, batch_size=None, progress=False)  # the MAP's rule alike
+    assert ensemble.stats["path"] == "eager" and "undefined symbol" in ensemble.stats["path_reason"]
 
 
 def test_the_rule_picks_the_backend_and_never_the_cache(fresh_cache):

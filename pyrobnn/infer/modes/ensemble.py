@@ -460,8 +460,9 @@ def gradient_path(backend: str, potential, objective: str, batch_size) -> Execut
     objective times the number of points; :func:`train_members` shifts it to each member's
     anchor and targets), full batches (``batch_size`` ``None`` or at least the points: they
     evaluate the whole data), a model :func:`~pyrobnn.infer.core.native.unsupported_reason`
-    accepts, and a C++ compiler found. ``"native"`` is refused, naming the reason, where they do
-    not apply. On the Bayesian-optimization surrogates' 50-50 erf network at 30-42 points a warm
+    accepts, a C++ compiler found and the library built or loaded (a library the loader refuses
+    leaves the torch path, saying why, as in the samplers' rule). ``"native"`` is refused, naming
+    the reason, where they do not apply. On the Bayesian-optimization surrogates' 50-50 erf network at 30-42 points a warm
     refit's step (its set-up included) took 1.7-1.8 ms through torch and 0.38-0.42 ms native for
     one member, 2.6-3.1 ms and 0.85-0.91 ms for 8 anchored members (``benchmarks/map_paths.py``;
     docs/bayesopt.md, "The MAP's steps in the native kernels")."""
@@ -477,10 +478,17 @@ def gradient_path(backend: str, potential, objective: str, batch_size) -> Execut
     if backend == "native":
         if reason is not None:
             raise ValueError(f"backend='native' does not apply to this run: {reason}; use backend='eager' or 'auto'")
-        return ExecutionPath("native", "backend='native'")
+        _, record = native_kernels.library()  # raises NativeUnavailable where it cannot be built or loaded
+        return ExecutionPath("native", f"backend='native'; {native_kernels.loading_note(record)}")
+    if reason is None:
+        try:
+            _, record = native_kernels.library()  # built or loaded once per process; train_members' kernels find it
+        except native_kernels.NativeUnavailable as e:
+            reason = str(e)
     if reason is not None:
         return ExecutionPath("eager", f"backend='auto': the native kernels do not apply: {reason}")
-    return ExecutionPath("native", f"backend='auto': full-batch {objective!r} objective of a network the native kernels take")
+    return ExecutionPath("native", f"backend='auto': full-batch {objective!r} objective of a network the native kernels take; "
+                                   f"{native_kernels.loading_note(record)}")
 
 
 def warm_map(model, x, y, start, num_members: int, map_options, fraction: float, seed: int) -> EnsemblePosterior:
