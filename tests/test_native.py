@@ -495,11 +495,11 @@ def test_the_maps_path_is_chosen_by_a_rule_and_native_refused_by_name():
         (dict(objective="likelihood"), "objective='likelihood'"),
     ]
     for options, reason in cases:
-        result = deep_ensemble(model, x, y, num_members=2, max_epochs=2, progress=False, **dict(dict(batch_size=None), **options))
+        result = deep_ensemble(model, x, y, num_members=2, max_epochs=2, progress=False, **{"batch_size": None, **options})
         assert result.stats["path"] == "eager" and reason in result.stats["path_reason"]
         with pytest.raises(ValueError, match=f"backend='native' does not apply to this run: {reason}"):
             deep_ensemble(model, x, y, num_members=2, max_epochs=2, progress=False, backend="native",
-                          **dict(dict(batch_size=None), **options))
+                          **{"batch_size": None, **options})
     cnn = pyrobnn.BayesianModel(torch.nn.Sequential(torch.nn.Unflatten(1, (1, 3)), torch.nn.Conv1d(1, 2, 2), torch.nn.Flatten(),
                                                     torch.nn.Linear(4, 1)).double(), pyrobnn.GaussianLikelihood(scale=0.1))
     result = deep_ensemble(cnn, x, y, num_members=2, max_epochs=2, batch_size=None, progress=False)
@@ -518,6 +518,15 @@ def test_anchored_members_are_the_same_on_the_native_and_torch_paths():
     for name, value in torch_path.samples.items():
         torch.testing.assert_close(native_path.samples[name], value, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(native_path.stats["train_loss"], torch_path.stats["train_loss"], rtol=1e-10, atol=1e-10)
-    two = deep_ensemble(model, x, y, num_processes=2, **options)  # each process its members' targets and anchors
+
+
+@pytest.mark.slow  # 10-15 s: spawned processes
+def test_anchored_members_on_the_native_path_in_two_processes_are_the_torch_paths():
+    """Each process builds the native potentials of its own members' targets and anchors."""
+    model, x, y = map_problem()
+    options = dict(num_members=4, objective="anchored", lr=1e-2, batch_size=None, max_epochs=150, progress=False, seed=1)
+    torch_path = deep_ensemble(model, x, y, backend="eager", **options)
+    two = deep_ensemble(model, x, y, num_processes=2, **options)
+    assert two.stats["path"] == "native"
     for name, value in torch_path.samples.items():
         torch.testing.assert_close(two.samples[name], value, rtol=1e-9, atol=1e-10)
