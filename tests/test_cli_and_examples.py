@@ -130,6 +130,22 @@ def test_user_networks_benchmark_quick(tmp_path, shared_data_dir, run_command):
     assert figures["auto_step"]["seconds"] > 0
 
 
+@pytest.mark.slow  # two codes' kernels built into a fresh worktree's cache: in .ci/run's -m slow
+def test_sampler_steps_benchmark_times_both_codes(run_command):
+    """benchmarks/sampler_steps.py, cut to a few steps and one round, against HEAD: every
+    figure is a positive time per chain and step for both codes and both samplers, and the
+    temporary worktree is removed."""
+    import subprocess
+
+    before = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    stdout = run_command([sys.executable, os.path.join(ROOT, "benchmarks", "sampler_steps.py"), "--steps", "60", "--rounds", "1",
+                          "--against", "HEAD"])
+    figures = json.loads(stdout.strip().splitlines()[-1])["us_per_chain_step"]
+    assert len(figures) == 8 and all(0 < v < float("inf") for v in figures.values()), figures
+    assert {k.split(" | ")[0] for k in figures} == {"today", "HEAD"}
+    assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == before
+
+
 @pytest.mark.slow  # 30-45 s (the host-read count runs NUTS under a dispatch mode): in .ci/run's -m slow
 def test_gpu_benchmark_runs_on_the_cpu(tmp_path, run_command):
     """benchmarks/gpu.py in its smoke setting on the CPU (GPU machines are lent by chance, so the

@@ -268,6 +268,9 @@ def test_an_mclmc_step_is_the_torch_one():
         for name in ("z", "u", "energy", "grad"):
             torch.testing.assert_close(getattr(b, name), getattr(a, name), rtol=1e-9, atol=1e-10)
         torch.testing.assert_close(db, da, rtol=1e-8, atol=1e-10)
+        # the undone chain stays, its fresh direction the second half refresh's noise
+        assert torch.equal(b.z[-1], state.z[-1])
+        torch.testing.assert_close(b.u[-1], torch.nn.functional.normalize(noise[1, -1], dim=-1), rtol=1e-12, atol=1e-14)
         state = a
     assert not fa[-1] and fa[:-1].all()
 

@@ -118,9 +118,12 @@ def mclmc_init(potential, z, generator=None) -> MCLMCState:
 def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise):
     """One MCLMC step for every chain: half a refresh, the McLachlan step, half a refresh.
 
-    Pure tensor code (the Gaussian ``noise``, ``(3, C, D)``, is drawn by the caller), so that one
+    Pure tensor code (the Gaussian ``noise``, ``(2, C, D)``, is drawn by the caller), so that one
     compiled graph serves every step. A chain whose step gives a non-finite position, energy,
-    gradient or energy error stays where it was with a fresh random velocity (``noise[2]``).
+    gradient or energy error stays where it was with a fresh random velocity, the direction of
+    ``noise[1]``: the second half refresh's noise enters after the step's last gradient, so
+    whether the step was finite does not depend on it, and it is a uniform direction independent
+    of the chain's state.
 
     :returns: ``(z, u, energy, grad, energy_change, finite)``.
     """
@@ -139,7 +142,7 @@ def mclmc_step(potential, z, u, energy, grad, step_size, L, sqrt_inv_mass, noise
     finite = torch.isfinite(d_energy) & torch.isfinite(z3).all(-1) & torch.isfinite(g3).all(-1) & torch.isfinite(u5).all(-1)
     keep = finite.unsqueeze(-1)
     z_out = torch.where(keep, z3, z)
-    u_out = torch.where(keep, u5, unit_vector(noise[2]))
+    u_out = torch.where(keep, u5, unit_vector(noise[1]))
     energy_out = torch.where(finite, e3, energy)
     grad_out = torch.where(keep, g3, grad)
     d_energy = torch.where(finite, d_energy, torch.zeros_like(d_energy))
@@ -151,7 +154,7 @@ def native_mclmc_step(native, state: MCLMCState, noise, tuning: MCLMCTuning):
     the same potential), on the same noise."""
     z, u, energy, grad = state.z.clone(), state.u.clone(), state.energy.clone(), state.grad.clone()
     d_energy, finite = native.mclmc(
-        z, u, energy, grad, tuning.step_size.contiguous(), tuning.L.contiguous(), tuning.inv_mass.sqrt(), noise.transpose(0, 1).contiguous(),
+        z, u, energy, grad, tuning.step_size.contiguous(), tuning.L.contiguous(), tuning.inv_mass.sqrt(), noise.contiguous(),
     )
     return MCLMCState(z, u, energy, grad), MCLMCInfo(d_energy, finite)
 
@@ -163,8 +166,8 @@ def _kernel_step(fn, state: MCLMCState, noise, tuning: MCLMCTuning):
 
 
 class MCLMC(Kernel):
-    """The MCLMC kernel: the noise of a step is ``(3, C, D)`` standard normal draws (the two half
-    refreshes and the fresh velocity of an undone step); the settings are an
+    """The MCLMC kernel: the noise of a step is ``(2, C, D)`` standard normal draws (the two half
+    refreshes; the second is also the fresh velocity of an undone step); the settings are an
     :class:`MCLMCTuning`."""
 
     name, unit = "MCLMC", "steps"
@@ -183,11 +186,12 @@ class MCLMC(Kernel):
 
     def randoms(self, state: MCLMCState, settings, generator):
         # drawn in float32 and widened to the chains' dtype: torch's CPU normals are vectorized in
-        # float32 only (3.6 ns each against 17 ns in float64: for 4 chains of 2,751 weights 0.12 ms
-        # a step against 0.56 ms, more than the step's own two gradients on the native path). The
-        # noise of an unadjusted sampler needs no more than float32's 24 bits.
+        # float32 only (3.6 ns each against 17 ns in float64: for 4 chains of 2,751 weights and the
+        # three rows a step drew until 2026-12-07, 0.12 ms a step against 0.56 ms, more than the
+        # step's own two gradients on the native path). The noise of an unadjusted sampler needs no
+        # more than float32's 24 bits.
         z = state.z
-        return torch.randn((3,) + tuple(z.shape), generator=generator, dtype=torch.float32, device=z.device).to(z.dtype)
+        return torch.randn((2,) + tuple(z.shape), generator=generator, dtype=torch.float32, device=z.device).to(z.dtype)
 
     def step(self, state, target, noise, tuning):
         return _kernel_step(functools.partial(mclmc_step, target), state, noise, tuning)

@@ -350,10 +350,12 @@ class NativeMLP:
 
     def mclmc(self, z, u, energy, grad, step, L, sqrt_inv_mass, noise):
         """One MCLMC step of every chain, in place on ``z``, ``u``, ``energy`` and ``grad``, as
-        :func:`pyrobnn.infer.mcmc.mclmc_kernel.mclmc_step` (``noise``: ``(C, 3, D)``). Returns the energy
-        changes and whether each step was finite (``(C,)`` each)."""
+        :func:`pyrobnn.infer.mcmc.mclmc_kernel.mclmc_step` (``noise``: ``(2, C, D)``, as the kernel
+        draws it). Returns the energy changes and whether each step was finite (``(C,)`` each)."""
         self._check(z, u, energy, grad, step, L, sqrt_inv_mass, noise)
         chains = z.shape[0]
+        if tuple(noise.shape) != (2, chains, self.dim):
+            raise ValueError(f"noise must have shape (2, {chains}, {self.dim}), got {tuple(noise.shape)}")
         d_energy = torch.empty(chains, dtype=self.dtype, device="cpu")
         finite = torch.empty(chains, dtype=self.dtype, device="cpu")
         fn, spec, D = self._fn("mclmc"), ctypes.byref(self._spec), self.dim
@@ -362,7 +364,7 @@ class NativeMLP:
         def part(a, b):
             fn(spec, b - a, z.data_ptr() + a * D * size, u.data_ptr() + a * D * size, energy.data_ptr() + a * size,
                grad.data_ptr() + a * D * size, step.data_ptr() + a * size, L.data_ptr() + a * size,
-               sqrt_inv_mass.data_ptr() + a * D * size, noise.data_ptr() + 3 * a * D * size, d_energy.data_ptr() + a * size,
+               sqrt_inv_mass.data_ptr() + a * D * size, noise.data_ptr() + a * D * size, chains * D, d_energy.data_ptr() + a * size,
                finite.data_ptr() + a * size)
 
         self._run(part, chains, 2 * self._work)

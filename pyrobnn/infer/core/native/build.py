@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mlp_kernels.cpp")
-ABI = 1
+ABI = 2
 # -fno-trapping-math lets the compiler turn the clamps into vector selects (NaN and inf keep
 # their meaning; only floating-point exception flags may differ)
 FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC", "-std=c++17"]
@@ -307,6 +307,6 @@ def _declare(lib):
     for suffix in ("f32", "f64"):
         getattr(lib, f"pyrobnn_value_and_grad_{suffix}").argtypes = [p, i64, p, p, p]
         getattr(lib, f"pyrobnn_nuts_{suffix}").argtypes = [p, i64, p, p, p, p, p, p, i64, p, p]
-        getattr(lib, f"pyrobnn_mclmc_{suffix}").argtypes = [p, i64, p, p, p, p, p, p, p, p, p, p]
+        getattr(lib, f"pyrobnn_mclmc_{suffix}").argtypes = [p, i64, p, p, p, p, p, p, p, p, i64, p, p]
         for name in ("value_and_grad", "nuts", "mclmc"):
             getattr(lib, f"pyrobnn_{name}_{suffix}").restype = None

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "pyrobnn_constants.h"
@@ -648,31 +649,27 @@ void nuts_chain(const Model& m, T* z_io, T* u_io, T* g_io, const T* r0, const T*
 // ------------------------------------------------------------------------------------ MCLMC
 template <typename T>
 inline void unit(T* v, int64_t D) {
-    T s = 0;
-    for (int64_t i = 0; i < D; ++i) s += v[i] * v[i];
-    T norm = std::sqrt(s);
+    T norm = std::sqrt(dot(v, v, D));
     if (norm < T(1e-13)) norm = T(1e-13);
-    for (int64_t i = 0; i < D; ++i) v[i] /= norm;
+    const T inv = T(1) / norm;
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) v[i] *= inv;
 }
 
 // ESH velocity update by eps along -grad U (pyrobnn.infer.mcmc.mclmc_kernel.esh_velocity_update); returns dK
 template <typename T>
 T velocity_update(T* u, const T* grad, T eps, const T* sqrt_inv_mass, int64_t D, T* e) {
-    T gn = 0;
-    for (int64_t i = 0; i < D; ++i) {
-        e[i] = -grad[i] * sqrt_inv_mass[i];
-        gn += e[i] * e[i];
-    }
-    gn = std::sqrt(gn);
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) e[i] = -grad[i] * sqrt_inv_mass[i];
+    const T gn = std::sqrt(dot(e, e, D));
     const T inv = T(1) / (gn < T(1e-13) ? T(1e-13) : gn);
-    T ue = 0;
-    for (int64_t i = 0; i < D; ++i) {
-        e[i] *= inv;
-        ue += u[i] * e[i];
-    }
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) e[i] *= inv;
+    const T ue = dot(u, e, D);
     const T delta = eps * gn / T(D - 1);
     const T zeta = std::exp(-delta);
     const T a = (T(1) - zeta) * (T(1) + zeta + ue * (T(1) - zeta));
+#pragma omp simd
     for (int64_t i = 0; i < D; ++i) u[i] = e[i] * a + T(2) * zeta * u[i];
     unit(u, D);
     return (delta - T(LN2) + std::log(T(1) + ue + (T(1) - ue) * zeta * zeta)) * T(D - 1);
@@ -681,39 +678,52 @@ T velocity_update(T* u, const T* grad, T eps, const T* sqrt_inv_mass, int64_t D,
 template <typename T>
 void refresh(T* u, T eps, T L, const T* noise, int64_t D) {
     const T nu = std::sqrt(std::expm1(T(2) * eps / L) / T(D));
+#pragma omp simd
     for (int64_t i = 0; i < D; ++i) u[i] += nu * noise[i];
     unit(u, D);
 }
 
-// one MCLMC step of one chain (pyrobnn.infer.mcmc.mclmc_kernel.mclmc_step); n0, n1, n2: its three noise rows
+// whether every entry of a, b and c is finite: x - x is 0 for a finite x and NaN otherwise (no
+// -ffinite-math-only among the flags, so the compiler keeps it), one vectorized pass
+template <typename T>
+inline bool all_finite(const T* a, const T* b, const T* c, int64_t D) {
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < D; ++i) s += (a[i] - a[i]) + (b[i] - b[i]) + (c[i] - c[i]);
+    return s == T(0);
+}
+
+// one MCLMC step of one chain (pyrobnn.infer.mcmc.mclmc_kernel.mclmc_step); n0, n1: its two noise rows
 template <typename T>
 void mclmc_chain(const Model& m, T* z, T* u, T* energy, T* grad, T step, T L, const T* sqrt_inv_mass,
-                 const T* n0, const T* n1, const T* n2, T* d_energy, T* finite_out, Work<T>& w) {
+                 const T* n0, const T* n1, T* d_energy, T* finite_out, Work<T>& w, T* buf) {
+    // buf: 5 D entries of scratch, every one written before it is read
     const int64_t D = m.dim;
     const T b1 = T(MCLACHLAN_B1);
-    std::vector<T> buf(5 * D);
-    T* u1 = buf.data(); T* z2 = u1 + D; T* g2 = z2 + D; T* g3 = g2 + D; T* e = g3 + D;
+    T* u1 = buf; T* z2 = u1 + D; T* g2 = z2 + D; T* g3 = g2 + D; T* e = g3 + D;
     std::memcpy(u1, u, sizeof(T) * D);
     refresh(u1, T(0.5) * step, L, n0, D);
     T dk = velocity_update(u1, grad, b1 * step, sqrt_inv_mass, D, e);
+#pragma omp simd
     for (int64_t i = 0; i < D; ++i) z2[i] = z[i] + T(0.5) * step * sqrt_inv_mass[i] * u1[i];
     value_and_grad(m, z2, g2, w);
     dk += velocity_update(u1, g2, (T(1) - T(2) * b1) * step, sqrt_inv_mass, D, e);
+#pragma omp simd
     for (int64_t i = 0; i < D; ++i) z2[i] += T(0.5) * step * sqrt_inv_mass[i] * u1[i];
     T e3 = value_and_grad(m, z2, g3, w);
     dk += velocity_update(u1, g3, b1 * step, sqrt_inv_mass, D, e);
     refresh(u1, T(0.5) * step, L, n1, D);
     T de = dk + e3 - *energy;
-    bool finite = std::isfinite(de);
-    for (int64_t i = 0; i < D && finite; ++i) finite = std::isfinite(z2[i]) && std::isfinite(g3[i]) && std::isfinite(u1[i]);
+    const bool finite = std::isfinite(de) && all_finite(z2, g3, u1, D);
     if (finite) {
         std::memcpy(z, z2, sizeof(T) * D);
         std::memcpy(u, u1, sizeof(T) * D);
         std::memcpy(grad, g3, sizeof(T) * D);
         *energy = e3;
         *d_energy = de;
-    } else {  // stay, with a fresh random direction
-        std::memcpy(u, n2, sizeof(T) * D);
+    } else {  // stay, with a fresh random direction: the second refresh's noise, which the step's
+              // finiteness does not depend on (it enters after the last gradient)
+        std::memcpy(u, n1, sizeof(T) * D);
         unit(u, D);
         *d_energy = T(0);
     }
@@ -738,12 +748,14 @@ void batch_nuts(const Model* m, int64_t chains, T* z, T* u, T* g, const T* r0, c
 
 template <typename T>
 void batch_mclmc(const Model* m, int64_t chains, T* z, T* u, T* energy, T* grad, const T* step, const T* L,
-                 const T* sqrt_inv_mass, const T* noise, T* d_energy, T* finite) {
+                 const T* sqrt_inv_mass, const T* noise, int64_t noise_row, T* d_energy, T* finite) {
+    // noise: the two rows of (2, all chains, D), noise_row entries apart, at this group's first chain
     Work<T> w(*m);
     const int64_t D = m->dim;
+    std::unique_ptr<T[]> buf(new T[5 * D]);  // not zeroed: a step writes its scratch before reading it
     for (int64_t c = 0; c < chains; ++c)
         mclmc_chain(*m, z + c * D, u + c * D, energy + c, grad + c * D, step[c], L[c], sqrt_inv_mass + c * D,
-                    noise + 3 * c * D, noise + (3 * c + 1) * D, noise + (3 * c + 2) * D, d_energy + c, finite + c, w);
+                    noise + c * D, noise + noise_row + c * D, d_energy + c, finite + c, w, buf.get());
 }
 
 }  // namespace
@@ -751,7 +763,7 @@ void batch_mclmc(const Model* m, int64_t chains, T* z, T* u, T* energy, T* grad,
 // ------------------------------------------------------------------------------------ C ABI
 extern "C" {
 
-int64_t pyrobnn_kernels_abi() { return 1; }
+int64_t pyrobnn_kernels_abi() { return 2; }
 
 void pyrobnn_value_and_grad_f32(const Model* m, int64_t chains, const float* z, float* u, float* g) {
     batch_value_and_grad(m, chains, z, u, g);
@@ -770,12 +782,13 @@ void pyrobnn_nuts_f64(const Model* m, int64_t chains, double* z, double* u, doub
 }
 
 void pyrobnn_mclmc_f32(const Model* m, int64_t chains, float* z, float* u, float* energy, float* grad, const float* step,
-                       const float* L, const float* sqrt_inv_mass, const float* noise, float* d_energy, float* finite) {
-    batch_mclmc(m, chains, z, u, energy, grad, step, L, sqrt_inv_mass, noise, d_energy, finite);
+                       const float* L, const float* sqrt_inv_mass, const float* noise, int64_t noise_row, float* d_energy,
+                       float* finite) {
+    batch_mclmc(m, chains, z, u, energy, grad, step, L, sqrt_inv_mass, noise, noise_row, d_energy, finite);
 }
 void pyrobnn_mclmc_f64(const Model* m, int64_t chains, double* z, double* u, double* energy, double* grad,
                        const double* step, const double* L, const double* sqrt_inv_mass, const double* noise,
-                       double* d_energy, double* finite) {
-    batch_mclmc(m, chains, z, u, energy, grad, step, L, sqrt_inv_mass, noise, d_energy, finite);
+                       int64_t noise_row, double* d_energy, double* finite) {
+    batch_mclmc(m, chains, z, u, energy, grad, step, L, sqrt_inv_mass, noise, noise_row, d_energy, finite);
 }
 }

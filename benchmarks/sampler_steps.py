@@ -1,0 +1,124 @@
+"""The cost of one sampler step, all of it: an MCLMC step (its noise, the native step, the
+kernel's bookkeeping) and a NUTS transition, in microseconds per chain, on the Bayesian-
+optimization surrogates' network, today's code beside a git revision's.
+
+    python benchmarks/sampler_steps.py                      # today's code alone
+    python benchmarks/sampler_steps.py --against HEAD~3     # beside the code at HEAD~3, in turns
+
+``leaf_speed.py`` times the potential's gradient alone; a sampler's step also draws its noise,
+updates its velocity and checks what it made, and those are what this times: ``mclmc`` and
+``nuts`` (:func:`pyrobnn.mclmc`, :func:`pyrobnn.nuts`) with 4 chains on the surrogates' network
+(``leaf_speed.py``'s: 50-50 erf units behind a fixed input map, a constant output offset,
+float64) at a BO run's sizes, 30 points in 2-D and 42 in 6-D, the chains started at prior draws.
+Each figure is a run's sampling time less the same run with a tenth of its steps, over the
+steps between: the tuning and the run's set-up cancel. ``--against REV`` checks ``REV`` out
+into a temporary git worktree and runs the same measurement in a child process with that
+worktree's ``pyrobnn`` first on its path, the two codes taking turns round by round (each the
+best of ``--rounds``), so that a change of load reaches both. One thread each (``--threads``).
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: (label, input dimension, points): the surrogates' network at a BO run's sizes
+SIZES = (("2-50-50-1 erf, N=30", 2, 30), ("6-50-50-1 erf, N=42", 6, 42))
+
+
+def surrogate_model(d):
+    """The surrogates' network (leaf_speed.py's), a fixed noise scale, float64."""
+    from pyrobnn import GaussianLikelihood
+    from pyrobnn.models.infinite_width import InfiniteWidthMLP
+
+    f64 = torch.float64
+    limit = InfiniteWidthMLP("erf", (1.0, 1.5, 1.5), (1.0,) * 3, torch.full((d,), 0.5, dtype=f64), torch.full((d,), 2.0, dtype=f64),
+                             output_mean=torch.tensor([0.3], dtype=f64))
+    return limit.bayesian_model(GaussianLikelihood(scale=0.1), out_features=1, width=50, dtype=f64)
+
+
+def run_seconds(sampler, model, x, y, steps):
+    """Seconds of one run with ``steps`` sampling steps (transitions) after a short tuning."""
+    import pyrobnn
+
+    start = time.perf_counter()
+    if sampler == "mclmc":
+        pyrobnn.mclmc(model, x, y, num_samples=steps, num_warmup=(50, 10, 10), thinning=1, num_chains=4, init="prior", progress=False)
+    else:
+        pyrobnn.nuts(model, x, y, num_samples=steps, num_warmup=20, num_chains=4, max_tree_depth=6, init="prior", progress=False)
+    return time.perf_counter() - start
+
+
+def measure(steps):
+    """``{label: microseconds per chain and step}`` for this process's ``pyrobnn``."""
+    out = {}
+    for label, d, n in SIZES:
+        g = torch.Generator().manual_seed(0)
+        x = torch.rand(n, d, generator=g, dtype=torch.float64)
+        y = torch.randn(n, generator=g, dtype=torch.float64)
+        model = surrogate_model(d)
+        for sampler, count in (("mclmc", steps), ("nuts", max(10, steps // 40))):
+            run_seconds(sampler, model, x, y, max(1, count // 10))  # builds and loads the kernels
+            long, short = run_seconds(sampler, model, x, y, count), run_seconds(sampler, model, x, y, max(1, count // 10))
+            out[f"{sampler}, {label}"] = (long - short) / (count - max(1, count // 10)) / 4 * 1e6
+    return out
+
+
+def child(steps):
+    print(json.dumps(measure(steps)))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", metavar="REV", default=None, help="also time the code at this git revision")
+    parser.add_argument("--steps", type=int, default=2000, help="MCLMC steps per run (NUTS: a 40th of them)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.child:
+        child(args.steps)
+        return
+    worktree = None
+    if args.against:
+        worktree = tempfile.mkdtemp(prefix="pyrobnn-against-")
+        subprocess.run(["git", "worktree", "add", "--detach", worktree, args.against], cwd=ROOT, check=True, capture_output=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    codes = {"today": (env, ROOT)}
+    if worktree:
+        codes[args.against] = (dict(env, PYTHONPATH=worktree + os.pathsep + env.get("PYTHONPATH", "")), worktree)
+    best = {}
+    try:
+        for _ in range(args.rounds):
+            for name, (child_env, _) in codes.items():
+                done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--steps", str(args.steps),
+                                       "--threads", str(args.threads)], env=child_env, capture_output=True, text=True, check=True)
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                for key, value in row.items():
+                    best[(name, key)] = min(best.get((name, key), float("inf")), value)
+    finally:
+        if worktree:
+            subprocess.run(["git", "worktree", "remove", "--force", worktree], cwd=ROOT, capture_output=True)
+    keys = sorted({key for _, key in best})
+    print(f"microseconds per chain and step (best of {args.rounds} rounds, {args.threads} thread(s)):")
+    for key in keys:
+        line = f"  {key:>32}: " + ", ".join(f"{name} {best[(name, key)]:8.1f}" for name in codes)
+        if args.against:
+            line += f"   {args.against} / today {best[(args.against, key)] / best[('today', key)]:.2f}x"
+        print(line)
+    print(json.dumps({"against": args.against, "rounds": args.rounds, "threads": args.threads,
+                      "us_per_chain_step": {f"{name} | {key}": best[(name, key)] for name, key in best}}))
+
+
+if __name__ == "__main__":
+    main()
