@@ -71,7 +71,7 @@ METHODS = ["random", "gp", "infinite_width", "laplace_bayesopt", "nuts", "mclmc"
 OPTIONS = {
     "quick": {
         "nuts": dict(num_samples=16, num_warmup=100, num_chains=2, max_tree_depth=5),
-        "mclmc": dict(num_samples=16, num_warmup=(400, 100, 100), num_chains=2, thinning=5),
+        "mclmc": dict(num_samples=256, num_warmup=(400, 100, 100), num_chains=2, thinning=16),
         "deep_ensemble": dict(num_members=4, max_epochs=300),
         "laplace": dict(map_options=dict(max_epochs=300, lr=1e-2, batch_size=None, patience=1000)),
         "ivon": dict(epochs=300),
@@ -79,7 +79,7 @@ OPTIONS = {
     },
     "full": {
         "nuts": dict(num_samples=32, num_warmup=200, num_chains=4, max_tree_depth=6),
-        "mclmc": dict(num_samples=32, num_warmup=(2000, 400, 400), num_chains=4, thinning=10),
+        "mclmc": dict(),  # bo_options': 1,400 tuning steps, 512 after them with every 16th kept (docs/bayesopt.md, "MCLMC's draws span its chains")
         "deep_ensemble": dict(num_members=8, max_epochs=1000),
         "laplace": dict(),
         "ivon": dict(epochs=1000),

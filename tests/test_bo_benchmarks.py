@@ -299,3 +299,30 @@ def test_the_benchmarks_activations_reach_the_infinite_width_gp_and_the_networks
     assert infinite_width_of(ensemble.result.model).activation == "cos"
     laplace = bench.fit_model("laplace", X, Y, 0, cos, "quick")
     assert infinite_width_of(laplace.result.model).activation == "erf"
+
+
+def test_the_benchmarks_samplers_keep_a_draw_for_every_member():
+    """A sampler's surrogate has as many members as the benchmark asks for (its ``num_samples``)
+    only if its chains keep that many draws: with MCLMC's full options of before 2026-12-07
+    (32 steps, every 10th kept, 4 chains) it had 12 members where NUTS had 32, and an
+    over-confident predictive (docs/bayesopt.md, "MCLMC's draws span its chains"). Checked from
+    each budget's options over the method's ``bo_options``, and on a surrogate fitted at the quick
+    budget."""
+    import importlib.util
+
+    from torch.quasirandom import SobolEngine
+
+    from pyrobnn.methods import spec as method_spec
+
+    spec = importlib.util.spec_from_file_location("bayesopt_benchmark", os.path.join(ROOT, "benchmarks", "bayesopt.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for budget, settings in (("quick", bench.QUICK), ("full", bench.FULL)):
+        for method in ("nuts", "mclmc"):
+            options = {**method_spec(method).bo_options, **bench.OPTIONS[budget][method]}
+            kept = options["num_chains"] * (options["num_samples"] // options.get("thinning", 1))
+            assert kept >= settings["num_samples"], (budget, method, kept)
+    X = SobolEngine(2, scramble=True, seed=0).draw(8).double()
+    Y = (X - 0.3).pow(2).sum(-1, keepdim=True)
+    model = bench.fit_model("mclmc", X, Y, 0, dict(num_samples=bench.QUICK["num_samples"]), "quick")
+    assert model.num_members == bench.QUICK["num_samples"]

@@ -425,6 +425,21 @@ def test_a_samplers_surrogate_is_its_calibrated_limits_whole_network_started_at_
     assert_is_the_calibrations_whole_network(s)
 
 
+@pytest.mark.parametrize("method", ["nuts", "mclmc"])
+def test_a_samplers_default_surrogate_keeps_a_draw_for_every_default_member(method):
+    """fit_surrogate's default ``num_samples`` members are the kept draws of the sampler's
+    ``bo_options`` (chains times steps over the thinning), spread over each chain: MCLMC's
+    options of before 2026-12-07 kept 48 draws from 64 steps, correlated along each chain, and
+    its surrogates were over-confident (docs/bayesopt.md, "MCLMC's draws span its chains")."""
+    import inspect
+
+    from pyrobnn import methods
+
+    members = inspect.signature(fit_surrogate).parameters["num_samples"].default
+    options = methods.spec(method).bo_options
+    assert options["num_chains"] * (options["num_samples"] // options.get("thinning", 1)) >= members
+
+
 def assert_is_the_calibrations_whole_network(surrogate):
     """The surrogate's network is its calibration's: the activation the fit chose, the GP's constant
     mean as the output offset, the kernel's scales as the priors."""
