@@ -181,7 +181,7 @@ def test_mclmc_step_stays_on_the_device():
         energy, grad = potential.value_and_grad(z)
         u = torch.randn(chains, dim, device=META)
         step, L = torch.full((chains,), 0.1, device=META), torch.full((chains,), 1.0, device=META)
-        out = mclmc_step(potential.value_and_grad, z, u, energy, grad, step, L, torch.ones(dim, device=META), torch.randn(3, chains, dim, device=META))
+        out = mclmc_step(potential.value_and_grad, z, u, energy, grad, step, L, torch.ones(dim, device=META), torch.randn(2, chains, dim, device=META))
         assert all(t.device == META for t in out)
 
 

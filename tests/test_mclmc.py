@@ -97,7 +97,7 @@ def test_energy_error_scales_with_the_integrators_order():
     state = mclmc_init(gaussian, z, g)
     inf = torch.full((chains,), math.inf, dtype=torch.float64)  # no refresh: pure dynamics
     sqrt_inv_mass = torch.ones(chains, 20, dtype=torch.float64)
-    noise = torch.zeros(3, chains, 20, dtype=torch.float64)
+    noise = torch.zeros(2, chains, 20, dtype=torch.float64)
 
     def one_step(eps):
         step = torch.full((chains,), eps, dtype=torch.float64)
