@@ -394,9 +394,9 @@ register(MethodSpec(
     quick={"num_samples": 8, "num_warmup": 12, "num_chains": 2, "thinning": 2, "progress": False},
     # as a surrogate, 512 steps after the tuning, every 16th kept: the members' spread is the
     # predictive's, and draws near each other along a chain are correlated, so members from a
-    # short stretch are over-confident (held-out NLL at 20 points within 1.5x of the GP's on 7 of
-    # 8 problems, 4 of 8 from 32 steps; 1,024 steps no clearly better and a BO step 3.25x the
-    # GP's; docs/bayesopt.md, "MCLMC's draws span its chains", 2026-12-07)
+    # short stretch are over-confident (the BO benchmark's held-out NLL at 20 points within 1.5x
+    # of the GP's on 7 of 8 problems, 4 of 8 from 32 steps; 1,024 steps no clearly better and a
+    # BO step 3.25x the GP's; docs/bayesopt.md, "MCLMC's draws span its chains", 2026-12-07)
     bo_options=dict(num_samples=512, num_warmup=(1000, 200, 200), num_chains=4, thinning=16, init="prior"),
     # the calibrated limit's whole network (its units and mean), chains from the prior's draws:
     # Levy-20's regret +2.06 to +0.97 (docs/bayesopt.md, "Where the chains start")
