@@ -50,9 +50,6 @@ def problems():
     import hmc_speed
     import uci_sampling
 
-    from pyrobnn import GaussianLikelihood
-    from pyrobnn.models.infinite_width import InfiniteWidthMLP
-
     torch.manual_seed(0)
     x, y = hmc_speed.data()
     yield "1-50-1 tanh, N=100", hmc_speed.model(), x, y, "tanh"
@@ -61,10 +58,20 @@ def problems():
     yield "6-16-16-2 ReLU heteroscedastic, N=215", uci_sampling.mile_model(6), x, y, "relu"
     for d, n in ((2, 30), (6, 42)):  # the surrogates' network at a BO run's sizes
         f64 = torch.float64
-        limit = InfiniteWidthMLP("erf", (1.0, 1.5, 1.5), (1.0,) * 3, torch.full((d,), 0.5, dtype=f64), torch.full((d,), 2.0, dtype=f64),
-                                 output_mean=torch.tensor([0.3], dtype=f64))
-        model = limit.bayesian_model(GaussianLikelihood(scale=0.1), out_features=1, width=50, dtype=f64)
-        yield f"{d}-50-50-1 erf (BO surrogate), float64, N={n}", model, torch.rand(n, d, dtype=f64), torch.randn(n, 1, dtype=f64), None
+        yield f"{d}-50-50-1 erf (BO surrogate), float64, N={n}", surrogate_network(d), torch.rand(n, d, dtype=f64), torch.randn(n, 1, dtype=f64), None
+
+
+def surrogate_network(d):
+    """The Bayesian-optimization surrogates' network for ``d`` inputs: ``d-50-50-1`` erf units
+    behind a fixed input map, a constant output offset, a fixed noise scale, float64 (the shape
+    ``calibrated_model`` gives, at fixed scales)."""
+    from pyrobnn import GaussianLikelihood
+    from pyrobnn.models.infinite_width import InfiniteWidthMLP
+
+    f64 = torch.float64
+    limit = InfiniteWidthMLP("erf", (1.0, 1.5, 1.5), (1.0,) * 3, torch.full((d,), 0.5, dtype=f64), torch.full((d,), 2.0, dtype=f64),
+                             output_mean=torch.tensor([0.3], dtype=f64))
+    return limit.bayesian_model(GaussianLikelihood(scale=0.1), out_features=1, width=50, dtype=f64)
 
 
 def best_time(fn, z, repeats):

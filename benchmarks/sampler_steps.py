@@ -30,20 +30,12 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from leaf_speed import surrogate_network  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: (label, input dimension, points): the surrogates' network at a BO run's sizes
 SIZES = (("2-50-50-1 erf, N=30", 2, 30), ("6-50-50-1 erf, N=42", 6, 42))
-
-
-def surrogate_model(d):
-    """The surrogates' network (leaf_speed.py's), a fixed noise scale, float64."""
-    from pyrobnn import GaussianLikelihood
-    from pyrobnn.models.infinite_width import InfiniteWidthMLP
-
-    f64 = torch.float64
-    limit = InfiniteWidthMLP("erf", (1.0, 1.5, 1.5), (1.0,) * 3, torch.full((d,), 0.5, dtype=f64), torch.full((d,), 2.0, dtype=f64),
-                             output_mean=torch.tensor([0.3], dtype=f64))
-    return limit.bayesian_model(GaussianLikelihood(scale=0.1), out_features=1, width=50, dtype=f64)
 
 
 def run_seconds(sampler, model, x, y, steps):
@@ -65,7 +57,7 @@ def measure(steps):
         g = torch.Generator().manual_seed(0)
         x = torch.rand(n, d, generator=g, dtype=torch.float64)
         y = torch.randn(n, generator=g, dtype=torch.float64)
-        model = surrogate_model(d)
+        model = surrogate_network(d)
         for sampler, count in (("mclmc", steps), ("nuts", max(10, steps // 40))):
             run_seconds(sampler, model, x, y, max(1, count // 10))  # builds and loads the kernels
             long, short = run_seconds(sampler, model, x, y, count), run_seconds(sampler, model, x, y, max(1, count // 10))
@@ -85,6 +77,12 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.steps < 20 or args.rounds < 1 or args.threads < 1:
+        parser.error(f"--steps must be at least 20 (a figure is a run's time less a tenth of it), --rounds and --threads at "
+                     f"least 1; got {args.steps}, {args.rounds}, {args.threads}")
+    if args.against and subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.against}^{{commit}}"], cwd=ROOT,
+                                       capture_output=True).returncode != 0:
+        parser.error(f"--against: {args.against!r} is no git revision of this checkout")
     torch.set_num_threads(args.threads)
     if args.child:
         child(args.steps)
