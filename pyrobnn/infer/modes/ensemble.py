@@ -205,12 +205,13 @@ def train_members(
                     if checkpoint is not None and checkpoint.stop_overdue():
                         raise checkpoint.interrupted(epoch, "epochs")
                     if natives is not None:  # the full batch, whatever its order: U(z) and its gradient
+                        point = z.detach()
                         if precision is None:
-                            energy, grad = natives[0].value_and_grad(z.detach())
+                            energy, grad = natives[0].value_and_grad(point)
                         else:
-                            parts = [native.value_and_grad(z.detach()[k : k + 1]) for k, native in enumerate(natives)]
+                            parts = [native.value_and_grad(point[k : k + 1]) for k, native in enumerate(natives)]
                             energy, grad = torch.cat([u for u, _ in parts]), torch.cat([g for _, g in parts])
-                            energy = energy - (precision * (z.detach() - 0.5 * anchors) * anchors).sum(-1)
+                            energy = energy - (precision * (point - 0.5 * anchors) * anchors).sum(-1)
                             grad = grad - precision * anchors
                         per_member = energy / n
                         z.grad = grad / n
