@@ -1,16 +1,22 @@
-"""NUTS's warm refits along a Bayesian-optimization run: what carrying the adaptation buys.
+"""A sampler's warm refits along a Bayesian-optimization run: how short the refit's tuning can be.
 
-    python benchmarks/bo_warm_refits.py --quick       # Branin, 1 design, 3 refits: minutes
+    python benchmarks/bo_warm_refits.py --quick       # NUTS on Branin, 1 design, 3 refits: minutes
     python benchmarks/bo_warm_refits.py               # the development problems, 2 designs, 7 refits each
     python benchmarks/bo_warm_refits.py --problems rosenbrock5 levy4 griewank8 styblinskitang10   # held out
+    python benchmarks/bo_warm_refits.py --method mclmc --variants restart tuning:0.25 carried:0.1
 
-A BO run refits its surrogate after every batch on a few more points. NUTS's refit (the
+A BO run refits its surrogate after every batch on a few more points. A sampler's refit (the
 surrogate's ``refit``, ``warm_fraction`` 0.25) continues each chain from its last draw; how its
 warm-up starts is the question here. Side by side on the same data, each variant refitting from
 its own previous fit:
 
-- ``restart``: the registered warm start, the warm-up as a cold run's, shortened (a quarter of
-  the cold fit's: a step-size search from scratch, a unit mass matrix re-estimated in a window);
+- ``restart``: the registered warm start (NUTS's: the warm-up as a cold run's, a quarter of the
+  cold fit's long, a step-size search from scratch, a unit mass matrix re-estimated in a window;
+  MCLMC's: as ``carried`` below, a quarter of the cold fit's second and third tuning phases and
+  a fortieth of its first);
+
+NUTS's variants:
+
 - ``carried:W``: each chain's step size and a diagonal inverse mass matrix from the previous
   posterior's draws (:func:`pyrobnn.infer.mcmc.samplers.nuts_adaptation_of`), held through a
   warm-up of ``W`` iterations that adapts the step size alone;
@@ -19,13 +25,24 @@ its own previous fit:
 - ``carried-windows:W``: as ``carried:W``, the matrix only the warm-up's start, re-estimated in
   its windows (``adapt_mass_matrix=True``; a warm-up under 20 iterations has none).
 
+MCLMC's variants:
+
+- ``tuning:F``: the three tuning phases from the initial step size and ``L``, ``F`` of the cold
+  fit's steps each, at least 1 (``tuning:0.25``: the registered warm start until 2026-12-07);
+- ``carried:F``: as ``tuning:F``, each chain's tuning started from its previous step size and
+  ``L`` (``stats["step_size"]``, ``stats["L"]``) at the target energy variance the previous
+  tuning ended at (its schedule's end), instead of the initial step size, MILE's ``L`` and the
+  schedule from its start;
+- ``tuning:A/B/C``, ``carried:A/B/C``: as above with the three phases' steps given.
+
 The data are ``bayesopt.py``'s ``n_init`` scrambled Sobol points of each design, then ``q``
 points of a second Sobol sequence per refit (as ``bo_step_cost.py``), the surrogate fitted with
 ``bayesopt.py``'s options at the budget (its prior calibrated at every fit). The cold fit is made
 once and shared; then the variants take turns within each refit (the order rotates). Per refit:
-the fit's seconds, NUTS's leapfrog steps per draw, the mean step size, the divergent transitions,
-and the held-out Gaussian NLL and 90% coverage of ``bo_calibration.py`` (``N_TEST`` uniform points,
-the outcomes standardized by the training data's mean and sd). Torch and the BLAS libraries run
+the fit's seconds, the mean step size, NUTS's leapfrog steps per draw and divergent transitions
+(MCLMC's mean ``L`` and steps undone for a non-finite result), and the held-out Gaussian NLL and
+90% coverage of ``bo_calibration.py`` (``N_TEST`` uniform points, the outcomes standardized by
+the training data's mean and sd). Torch and the BLAS libraries run
 on one thread. The last line printed is one JSON object.
 """
 
@@ -33,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import statistics
@@ -48,38 +66,68 @@ import bayesopt  # noqa: E402
 import bo_calibration  # noqa: E402
 from bo_problems import DEVELOPMENT, problem, single_objective  # noqa: E402
 from pyrobnn import methods  # noqa: E402
-from pyrobnn.infer.mcmc.samplers import nuts_adaptation_of  # noqa: E402
+from pyrobnn.infer.mcmc.samplers import mclmc_tuning_of, nuts_adaptation_of  # noqa: E402
 
 
-def variant_warm_start(variant: str, registered: methods.WarmStart) -> methods.WarmStart:
-    """The warm start a variant name stands for (the module docstring lists them); ``restart`` is
-    ``registered``, NUTS's declared one."""
+def variant_warm_start(method: str, variant: str, registered: methods.WarmStart) -> methods.WarmStart:
+    """The warm start a variant name of ``method`` (``"nuts"`` or ``"mclmc"``) stands for (the
+    module docstring lists them); ``restart`` is ``registered``, the method's declared one."""
     if variant == "restart":
         return registered
-    kind, _, warmup = variant.partition(":")
-    if kind not in ("carried", "carried-stats", "carried-windows") or not warmup.isdigit():
-        raise ValueError(f"unknown variant {variant!r}: restart, carried:W, carried-stats:W or carried-windows:W (W iterations)")
+    kind, _, amount = variant.partition(":")
+    if method == "mclmc":
+        return mclmc_variant(variant, kind, amount, registered)
+    if kind not in ("carried", "carried-stats", "carried-windows") or not amount.isdigit():
+        raise ValueError(f"unknown variant {variant!r} of nuts: restart, carried:W, carried-stats:W or carried-windows:W (W iterations)")
 
     def prepare(model, previous, x, y, options, fraction, seed):
         carried = nuts_adaptation_of(previous, model)
         if kind == "carried-stats":
             carried["inv_mass"] = previous.stats["inv_mass"]
-        return dict(options, **carried, num_warmup=int(warmup), adapt_mass_matrix=kind == "carried-windows")
+        return dict(options, **carried, num_warmup=int(amount), adapt_mass_matrix=kind == "carried-windows")
 
     return methods.WarmStart(init="init", count="num_chains", prepare=prepare,
                              names=("step_size", "inv_mass", "num_warmup", "adapt_mass_matrix"))
 
 
-def refit_scores(model, X_test, Y_test, Y):
-    """The held-out NLL and coverage of ``bo_calibration.scores`` and NUTS's statistics of a fit."""
+def mclmc_variant(variant: str, kind: str, amount: str, registered: methods.WarmStart) -> methods.WarmStart:
+    """MCLMC's ``tuning:F`` and ``carried:F`` (the module docstring)."""
+    phases = amount.split("/")
+    try:
+        share = float(amount) if len(phases) == 1 else None
+    except ValueError:
+        share = float("nan")
+    given = len(phases) == 3 and all(p.isdigit() for p in phases)
+    if kind not in ("tuning", "carried") or not (given or (share is not None and 0.0 < share <= 1.0)):
+        raise ValueError(f"unknown variant {variant!r} of mclmc: restart, tuning:F or carried:F (F in (0, 1], the cold tuning's share), "
+                         "tuning:A/B/C or carried:A/B/C (the phases' steps)")
+
+    def prepare(model, previous, x, y, options, fraction, seed):
+        defaults = inspect.signature(methods.spec("mclmc").run).parameters
+        cold = options.get("num_warmup", defaults["num_warmup"].default)
+        warm = dict(options, num_warmup=tuple(int(p) for p in phases) if given else methods.scaled_budget(tuple(cold), share))
+        if kind == "carried":
+            end = options.get("energy_variance", defaults["energy_variance"].default)
+            warm.update(**mclmc_tuning_of(previous), energy_variance=end[-1] if isinstance(end, (tuple, list)) else end)
+        return warm
+
+    return methods.WarmStart(init=registered.init, count=registered.count, prepare=prepare,
+                             names=("num_warmup", "step_size", "L", "energy_variance"))
+
+
+def refit_scores(method, model, X_test, Y_test, Y):
+    """The held-out NLL and coverage of ``bo_calibration.scores`` and the sampler's statistics of
+    a fit (``divergences``: NUTS's divergent transitions, MCLMC's steps undone)."""
     nll, coverage = bo_calibration.scores(model, X_test, Y_test, Y.mean(0), Y.std(0))
     stats = model.result.stats
-    return dict(nll=round(nll, 4), coverage=round(coverage, 4), leapfrogs=round(stats["num_steps"].double().mean().item(), 2),
-                step_size=float(stats["step_size"].double().mean()), divergences=int(stats["diverging"].sum()),
-                warmup=model.result.settings["num_warmup"])
+    record = dict(nll=round(nll, 4), coverage=round(coverage, 4), step_size=float(stats["step_size"].double().mean()),
+                  warmup=model.result.settings["num_warmup"])
+    if method == "nuts":
+        return dict(record, leapfrogs=round(stats["num_steps"].double().mean().item(), 2), divergences=int(stats["diverging"].sum()))
+    return dict(record, L=float(stats["L"].double().mean()), divergences=int(stats["nonfinite"].sum()))
 
 
-def run(name, design, variants, refits, budget):
+def run(method, name, design, variants, refits, budget):
     """Each variant's refits along one design of ``name``: a list of per-refit records."""
     from torch.quasirandom import SobolEngine
 
@@ -92,11 +140,11 @@ def run(name, design, variants, refits, budget):
     g = torch.Generator(device="cpu").manual_seed(1000 + design)
     X_test = torch.rand(bo_calibration.N_TEST, p.d, generator=g, dtype=torch.float64, device="cpu")
     Y_test = p.f(X_test)
-    registered = methods.spec("nuts")
+    registered = methods.spec(method)
     start = time.perf_counter()
-    cold = bayesopt.fit_model("nuts", X, Y, design, settings, budget)
+    cold = bayesopt.fit_model(method, X, Y, design, settings, budget)
     records = [dict(problem=name, design=design, variant="cold", n=X.shape[0], seconds=round(time.perf_counter() - start, 3),
-                    **refit_scores(cold, X_test, Y_test, Y))]
+                    **refit_scores(method, cold, X_test, Y_test, Y))]
     print(records[-1], flush=True)
     models = dict.fromkeys(variants, cold)
     try:
@@ -104,28 +152,28 @@ def run(name, design, variants, refits, budget):
             new = more.draw(settings["q"]).to(torch.float64)
             X, Y = torch.cat([X, new]), torch.cat([Y, p.f(new)])
             for variant in variants[k % len(variants):] + variants[: k % len(variants)]:
-                methods.METHODS["nuts"] = dataclasses.replace(registered, warm_start=variant_warm_start(variant, registered.warm_start))
+                methods.METHODS[method] = dataclasses.replace(registered, warm_start=variant_warm_start(method, variant, registered.warm_start))
                 start = time.perf_counter()
-                models[variant] = bayesopt.fit_model("nuts", X, Y, design, settings, budget, previous=models[variant])
+                models[variant] = bayesopt.fit_model(method, X, Y, design, settings, budget, previous=models[variant])
                 seconds = time.perf_counter() - start
                 records.append(dict(problem=name, design=design, variant=variant, n=X.shape[0], seconds=round(seconds, 3),
-                                    **refit_scores(models[variant], X_test, Y_test, Y)))
+                                    **refit_scores(method, models[variant], X_test, Y_test, Y)))
                 print(records[-1], flush=True)
     finally:
-        methods.METHODS["nuts"] = registered
+        methods.METHODS[method] = registered
     return records
 
 
 def summarize(records, variants):
-    """Per variant over every refit: the median seconds, leapfrogs per draw, and NLL, and the
-    refits whose NLL is below the ``restart`` variant's at the same problem, design and n."""
+    """Per variant over every refit: the median seconds, NUTS's leapfrogs per draw, and NLL, and
+    the refits whose NLL is below the ``restart`` variant's at the same problem, design and n."""
     base = {(r["problem"], r["design"], r["n"]): r["nll"] for r in records if r["variant"] == "restart"}
     out = {}
     for v in variants:
         rows = [r for r in records if r["variant"] == v]
         paired = [r["nll"] - base[(r["problem"], r["design"], r["n"])] for r in rows if (r["problem"], r["design"], r["n"]) in base]
         out[v] = dict(refits=len(rows), seconds=statistics.median(r["seconds"] for r in rows),
-                      leapfrogs=statistics.median(r["leapfrogs"] for r in rows), nll=statistics.median(r["nll"] for r in rows),
+                      leapfrogs=statistics.median(r["leapfrogs"] for r in rows) if rows and "leapfrogs" in rows[0] else None, nll=statistics.median(r["nll"] for r in rows),
                       divergences=sum(r["divergences"] for r in rows),
                       nll_below_restart=sum(d < 0 for d in paired) if v != "restart" else None,
                       nll_difference_to_restart=statistics.median(paired) if paired and v != "restart" else None)
@@ -135,17 +183,21 @@ def summarize(records, variants):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Branin, one design, 3 refits, the quick budget")
+    parser.add_argument("--method", choices=["nuts", "mclmc"], default="nuts", help="the sampler whose refits are compared")
     parser.add_argument("--problems", nargs="+", default=None, help="default: the development problems")
     parser.add_argument("--designs", type=int, default=2, help="Sobol designs (seeds 0, 1, ...) per problem")
     parser.add_argument("--refits", type=int, default=None, help="refits after the cold fit (default: bayesopt.py's steps less one)")
-    parser.add_argument("--variants", nargs="+", default=["restart", "carried:10", "carried:50", "carried-windows:50"],
-                        help="restart, carried:W, carried-stats:W, carried-windows:W")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="NUTS's restart, carried:W, carried-stats:W, carried-windows:W (default: restart carried:10 "
+                             "carried:50 carried-windows:50); MCLMC's restart, tuning:F, carried:F, tuning:A/B/C, carried:A/B/C (default: restart tuning:0.25)")
     args = parser.parse_args(argv)
+    if args.variants is None:
+        args.variants = ["restart", "carried:10", "carried:50", "carried-windows:50"] if args.method == "nuts" else ["restart", "tuning:0.25"]
     if "restart" not in args.variants:
         parser.error("--variants must include restart, the registered warm start the others are compared with")
     for v in args.variants:
         try:
-            variant_warm_start(v, methods.spec("nuts").warm_start)
+            variant_warm_start(args.method, v, methods.spec(args.method).warm_start)
         except ValueError as e:
             parser.error(f"--variants: {e}")
     if args.designs < 1:
@@ -165,13 +217,15 @@ def main(argv=None):
     with threadpool_limits(1):
         for name in problems:
             for design in range(designs):
-                records += run(name, design, args.variants, refits, budget)
+                records += run(args.method, name, design, args.variants, refits, budget)
     summary = summarize(records, args.variants)
-    print("\nper variant over every refit: median seconds, leapfrogs per draw, held-out NLL; refits with a lower NLL than restart's")
+    print(f"\n{args.method}, per variant over every refit: median seconds, held-out NLL; refits with a lower NLL than restart's")
+    undone = "divergent" if args.method == "nuts" else "steps undone"
     for v, s in summary.items():
         paired = "" if s["nll_below_restart"] is None else f"   NLL below restart's in {s['nll_below_restart']} of {s['refits']} (median difference {s['nll_difference_to_restart']:+.3f})"
-        print(f"  {v:18s} {s['seconds']:6.2f} s  {s['leapfrogs']:5.1f} leapfrogs  NLL {s['nll']:7.3f}  {s['divergences']} divergent{paired}")
-    print(json.dumps(dict(settings=dict(problems=problems, designs=designs, refits=refits, budget=budget, variants=args.variants),
+        leapfrogs = "" if s["leapfrogs"] is None else f"  {s['leapfrogs']:5.1f} leapfrogs"
+        print(f"  {v:18s} {s['seconds']:6.2f} s{leapfrogs}  NLL {s['nll']:7.3f}  {s['divergences']} {undone}{paired}")
+    print(json.dumps(dict(settings=dict(method=args.method, problems=problems, designs=designs, refits=refits, budget=budget, variants=args.variants),
                           records=records, summary=summary)))
 
 

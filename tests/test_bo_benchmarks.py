@@ -210,6 +210,22 @@ def test_bo_warm_refits_benchmark_pairs_each_variant_with_the_registered_warm_st
     assert report["summary"]["carried:5"]["nll_below_restart"] == sum(d < 0 for d in paired)
     refused = subprocess.run([sys.executable, script, "--quick", "--variants", "carried:5"], capture_output=True, text=True)
     assert refused.returncode == 2 and "--variants must include restart" in refused.stderr
+    refused = subprocess.run([sys.executable, script, "--quick", "--method", "mclmc", "--variants", "restart", "carried:5"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "unknown variant 'carried:5' of mclmc" in refused.stderr
+
+
+def test_bo_warm_refits_benchmark_compares_mclmcs_registered_warm_start_with_the_restarted_tuning(run_command):
+    """--method mclmc: the registered refit tunes a fortieth of the cold fit's first phase and a
+    quarter of the others (the quick budget's cold tuning is (400, 100, 100)), from the step size
+    and L each chain ended at; tuning:0.25 is the restarted tuning it replaced."""
+    script = os.path.join(ROOT, "benchmarks", "bo_warm_refits.py")
+    stdout = run_command([sys.executable, script, "--quick", "--method", "mclmc", "--refits", "1", "--variants", "restart", "tuning:0.25"])
+    report = json.loads(stdout.strip().splitlines()[-1])
+    assert report["settings"]["method"] == "mclmc"
+    warmups = {r["variant"]: r["warmup"] for r in report["records"]}
+    assert warmups == {"cold": [400, 100, 100], "restart": [10, 25, 25], "tuning:0.25": [100, 25, 25]}
+    assert all("L" in r and "leapfrogs" not in r for r in report["records"])
 
 
 def test_bayesopt_seeds_added_to_saved_runs_merge(tmp_path, run_command):

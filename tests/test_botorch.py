@@ -252,7 +252,7 @@ def test_laplace_samples_form_is_the_linearized_predictive(surrogates):
     torch.testing.assert_close(s.posterior(x).values[..., 0], pred.loc_samples[:, :, 0] * tf.stdvs + tf.means.reshape(()), rtol=1e-8, atol=1e-8)
 
 
-@pytest.mark.parametrize("kind", ["nuts", "deep_ensemble", "laplace", "swag", "ivon"])
+@pytest.mark.parametrize("kind", ["nuts", "mclmc", "deep_ensemble", "laplace", "swag", "ivon"])
 def test_condition_on_observations_refits_warm(surrogates, kind):
     s = surrogates[kind]
     new_X = torch.rand(2, D, dtype=torch.float64)
@@ -266,6 +266,11 @@ def test_condition_on_observations_refits_warm(surrogates, kind):
         assert settings["init"].startswith(type(s.result).__name__)
     if kind == "nuts":
         assert settings["num_warmup"] == round(QUICK["nuts"]["num_warmup"] * 0.25)
+    if kind == "mclmc":  # each chain tunes on from the step size and L it ended at, its first phase a tenth as long
+        from pyrobnn.infer.core.checkpoints import digest
+
+        assert settings["num_warmup"] == [1, 2, 2] and settings["energy_variance"] == 0.1  # (40, 10, 10) x (0.025, 0.25, 0.25)
+        assert settings["step_size"] == f"sha256:{digest(s.result.stats['step_size'])}" and settings["L"] == f"sha256:{digest(s.result.stats['L'])}"
     if kind == "laplace":
         torch.testing.assert_close(torch.as_tensor(settings["prior_precision"]), s.result.prior_precision)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pyrobnn.infer.mcmc.autocorrelation import effective_sample_size
-from pyrobnn.infer.mcmc.samplers import mclmc
+from pyrobnn.infer.mcmc.samplers import mclmc, mclmc_tuning_of, nuts
 from pyrobnn.infer.core.kernel import FullBatch
 from pyrobnn.infer.core.runner import run_chains
 from pyrobnn.infer.mcmc.mclmc_kernel import MCLMC, MCLMCAdaptation, mclmc_init, mclmc_step
@@ -160,3 +160,36 @@ def test_a_short_warm_up_runs_skipping_a_third_phase_too_short_for_an_effective_
     result = mclmc(bayesian_linear_model(), X, y, num_samples=20, num_warmup=num_warmup, num_chains=2, thinning=2, backend="eager",
                    progress=False)
     assert result.num_draws == 10 and torch.isfinite(result.stats["L"]).all()
+
+
+def test_a_run_starts_its_tuning_from_a_step_size_and_L_per_chain():
+    """``step_size`` and ``L`` take one value per chain (a refit on more data starts where the
+    previous run's tuning ended): with no tuning the run keeps them chain by chain, on the eager
+    path and the native one; the step and the positions follow them (a chain with a 100x smaller
+    step moves less)."""
+    X, y, _, _ = conjugate_problem()
+    assert X.dtype == torch.float64
+    step_size, L = torch.tensor([0.2, 0.002], dtype=torch.float64), torch.tensor([1.5, 0.7], dtype=torch.float64)
+    for backend in ("eager", "auto"):  # a list of Python floats is taken in float64, not rounded to float32
+        result = mclmc(bayesian_linear_model(), X, y, num_samples=40, num_warmup=0, num_chains=2, thinning=1, step_size=step_size,
+                       L=L.tolist(), backend=backend, progress=False, init="prior", seed=3)
+        assert torch.equal(result.stats["step_size"], step_size) and torch.equal(result.stats["L"], L)
+        z = torch.cat([v.reshape(2, 40, -1) for v in result.samples.values()], -1)
+        travelled = (z[:, 1:] - z[:, :-1]).norm(dim=-1).sum(-1)
+        assert travelled[1] < 0.05 * travelled[0]
+        carried = mclmc_tuning_of(result)  # what a run on more data starts from: these, chain by chain
+        assert torch.equal(carried["step_size"], result.stats["step_size"]) and torch.equal(carried["L"], result.stats["L"])
+    with pytest.raises(ValueError, match=r"posterior must be an MCLMC result with one L per chain in its stats \(stats\['L'\] of shape \(2,\)\), got None"):
+        mclmc_tuning_of(nuts(bayesian_linear_model(), X, y, num_samples=2, num_warmup=2, num_chains=2, progress=False))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"step_size": torch.ones(3)}, r"step_size must be a number or have shape \(2,\) \(one per chain\), got shape \(3,\)"),
+    ({"L": [1.0, 2.0, 3.0]}, r"L must be a number or have shape \(2,\) \(one per chain\), got shape \(3,\)"),
+    ({"L": [1.0, -2.0]}, r"L must be .* got an array with 1 of its 2 entries not finite and positive \(the first: -2.0\)"),
+    ({"step_size": [0.1, 0.1], "num_processes": 2}, r"mclmc: step_size per chain cannot be split over num_processes=2"),
+])
+def test_mclmc_refuses_a_per_chain_tuning_start_that_does_not_fit(kwargs, message):
+    X, y, _, _ = conjugate_problem()
+    with pytest.raises(ValueError, match=message):
+        mclmc(bayesian_linear_model(), X, y, num_samples=4, num_warmup=0, num_chains=2, thinning=1, progress=False, **kwargs)

@@ -191,12 +191,17 @@ def test_the_declaration_check_finds_an_option_the_method_does_not_take():
 def test_a_warm_start_scales_the_budgets_and_keeps_them_above_the_smallest():
     class Previous:
         num_chains = 3
+        stats = {"step_size": torch.tensor([0.1, 0.2, 0.3]), "L": torch.tensor([1.0, 2.0, 3.0])}
 
     nuts = methods.spec("nuts")
     options = nuts.warm_start.options(nuts, None, Previous, None, None, {"num_warmup": 200, "num_samples": 64}, 0.25, 0)
     assert options == {"num_warmup": 50, "num_samples": 64, "init": Previous, "num_chains": 3}
     mclmc = methods.spec("mclmc")
-    options = mclmc.warm_start.options(mclmc, None, Previous, None, None, {}, 0.1, 0)  # the default phases, scaled
-    assert options["num_warmup"] == (4000, 500, 500)
+    # the default phases, the step size's a tenth as long again: it starts where each chain's ended
+    options = mclmc.warm_start.options(mclmc, None, Previous, None, None, {}, 0.1, 0)
+    assert options["num_warmup"] == (400, 500, 500) and options["energy_variance"] == 0.1 and options["num_chains"] == 3
+    assert torch.equal(options["step_size"], Previous.stats["step_size"]) and torch.equal(options["L"], Previous.stats["L"])
+    options = mclmc.warm_start.options(mclmc, None, Previous, None, None, {"num_warmup": 100, "energy_variance": 0.05}, 0.25, 0)
+    assert options["num_warmup"] == (2, 2, 2) and options["energy_variance"] == 0.05  # 100 steps are (80, 10, 10)
     options = nuts.warm_start.options(nuts, None, Previous, None, None, {"num_warmup": 1}, 0.25, 0)
     assert options["num_warmup"] == 1  # at least 1 (scaled_budget), and at least the smallest budget (0)

@@ -303,11 +303,15 @@ class MCLMCAdaptation(Adaptation):
         z = state.z
         chains, dim = z.shape
 
-        def per_chain(v, default):
+        def per_chain(name, v, default):
             v = default if v is None else v(dim) if callable(v) else v
-            return torch.as_tensor(v, dtype=z.dtype, device=z.device).expand(chains).clone()
+            v = torch.as_tensor(v, dtype=z.dtype, device=z.device)
+            if tuple(v.shape) not in ((), (chains,)):
+                raise ValueError(f"{name} must be a number or have shape ({chains},) (one per chain), got shape {tuple(v.shape)}")
+            return v.expand(chains).clone()
 
-        tuning = MCLMCTuning(per_chain(self.initial_step_size, math.sqrt(dim) * 0.25), per_chain(self.initial_L, math.sqrt(dim)), torch.ones_like(z))
+        tuning = MCLMCTuning(per_chain("step_size", self.initial_step_size, math.sqrt(dim) * 0.25), per_chain("L", self.initial_L, math.sqrt(dim)),
+                             torch.ones_like(z))
         zeros = torch.zeros(chains, dtype=z.dtype, device=z.device)
         return MCLMCAdaptationState(tuning, step_size_adapter_init(chains, z.dtype, z.device), zeros, torch.zeros_like(z), torch.zeros_like(z), ())
 
