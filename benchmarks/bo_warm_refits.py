@@ -23,7 +23,11 @@ NUTS's variants:
 - ``carried-stats:W``: as ``carried:W``, with the matrix the previous run used
   (``stats["inv_mass"]``) in place of its draws' variance;
 - ``carried-windows:W``: as ``carried:W``, the matrix only the warm-up's start, re-estimated in
-  its windows (``adapt_mass_matrix=True``; a warm-up under 20 iterations has none).
+  its windows (``adapt_mass_matrix=True``; a warm-up under 20 iterations has none);
+- ``depth:D``: the registered warm start with trees of at most ``D`` doublings
+  (``max_tree_depth``) in the refit;
+- ``samples:S``: the registered warm start drawing ``S`` draws per chain in the refit
+  (``num_samples``).
 
 MCLMC's variants:
 
@@ -77,8 +81,13 @@ def variant_warm_start(method: str, variant: str, registered: methods.WarmStart)
     kind, _, amount = variant.partition(":")
     if method == "mclmc":
         return mclmc_variant(variant, kind, amount, registered)
-    if kind not in ("carried", "carried-stats", "carried-windows") or not amount.isdigit():
-        raise ValueError(f"unknown variant {variant!r} of nuts: restart, carried:W, carried-stats:W or carried-windows:W (W iterations)")
+    if kind not in ("carried", "carried-stats", "carried-windows", "depth", "samples") or not amount.isdigit() or int(amount) < 1:
+        raise ValueError(f"unknown variant {variant!r} of nuts: restart, carried:W, carried-stats:W or carried-windows:W (W iterations), "
+                         "depth:D (D >= 1 doublings), samples:S (S >= 1 draws per chain)")
+    if kind in ("depth", "samples"):
+        option = "max_tree_depth" if kind == "depth" else "num_samples"
+        return dataclasses.replace(registered, prepare=lambda model, previous, x, y, options, fraction, seed: dict(options, **{option: int(amount)}),
+                                   names=registered.names + (option,))
 
     def prepare(model, previous, x, y, options, fraction, seed):
         carried = nuts_adaptation_of(previous, model)
@@ -188,7 +197,7 @@ def main(argv=None):
     parser.add_argument("--designs", type=int, default=2, help="Sobol designs (seeds 0, 1, ...) per problem")
     parser.add_argument("--refits", type=int, default=None, help="refits after the cold fit (default: bayesopt.py's steps less one)")
     parser.add_argument("--variants", nargs="+", default=None,
-                        help="NUTS's restart, carried:W, carried-stats:W, carried-windows:W (default: restart carried:10 "
+                        help="NUTS's restart, carried:W, carried-stats:W, carried-windows:W, depth:D, samples:S (default: restart carried:10 "
                              "carried:50 carried-windows:50); MCLMC's restart, tuning:F, carried:F, tuning:A/B/C, carried:A/B/C (default: restart tuning:0.25)")
     args = parser.parse_args(argv)
     if args.variants is None:
