@@ -43,7 +43,7 @@ The data are ``bayesopt.py``'s ``n_init`` scrambled Sobol points of each design,
 points of a second Sobol sequence per refit (as ``bo_step_cost.py``), the surrogate fitted with
 ``bayesopt.py``'s options at the budget (its prior calibrated at every fit). The cold fit is made
 once and shared; then the variants take turns within each refit (the order rotates). Per refit:
-the fit's seconds, the mean step size, NUTS's leapfrog steps per draw and divergent transitions
+the fit's seconds, the draws per chain, the mean step size, NUTS's leapfrog steps per draw and divergent transitions
 (MCLMC's mean ``L`` and steps undone for a non-finite result), and the held-out Gaussian NLL and
 90% coverage of ``bo_calibration.py`` (``N_TEST`` uniform points, the outcomes standardized by
 the training data's mean and sd). Torch and the BLAS libraries run
@@ -130,7 +130,7 @@ def refit_scores(method, model, X_test, Y_test, Y):
     nll, coverage = bo_calibration.scores(model, X_test, Y_test, Y.mean(0), Y.std(0))
     stats = model.result.stats
     record = dict(nll=round(nll, 4), coverage=round(coverage, 4), step_size=float(stats["step_size"].double().mean()),
-                  warmup=model.result.settings["num_warmup"])
+                  warmup=model.result.settings["num_warmup"], draws=model.result.num_draws)
     if method == "nuts":
         return dict(record, leapfrogs=round(stats["num_steps"].double().mean().item(), 2), divergences=int(stats["diverging"].sum()))
     return dict(record, L=float(stats["L"].double().mean()), divergences=int(stats["nonfinite"].sum()))

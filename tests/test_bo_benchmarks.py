@@ -195,16 +195,20 @@ def test_bo_step_cost_benchmark_times_every_surrogate_beside_the_gp(run_command)
 def test_bo_warm_refits_benchmark_pairs_each_variant_with_the_registered_warm_start(run_command):
     """benchmarks/bo_warm_refits.py --quick with two refits: one shared cold fit, then each
     variant's refits on the same points; the carried variant runs the warm-up it names, the
-    registered restart a quarter of the cold one; the summary pairs each variant's NLL with the
-    restart's at the same n, and a run without the restart to pair with is refused."""
+    registered restart a quarter of the cold one, depth:2 trees of at most 3 leapfrog steps and
+    samples:8 eight draws per chain (the quick budget's 16 members); the summary pairs each variant's NLL with the restart's at the
+    same n, and a run without the restart to pair with is refused."""
     script = os.path.join(ROOT, "benchmarks", "bo_warm_refits.py")
-    stdout = run_command([sys.executable, script, "--quick", "--refits", "2", "--variants", "restart", "carried:5"])
+    stdout = run_command([sys.executable, script, "--quick", "--refits", "2", "--variants", "restart", "carried:5", "depth:2", "samples:8"])
     report = json.loads(stdout.strip().splitlines()[-1])
     records = report["records"]
     assert [r["variant"] for r in records if r["n"] == 6] == ["cold"]
-    for variant, warmup in (("restart", 25), ("carried:5", 5)):  # the quick budget's cold warm-up is 100
+    for variant, warmup in (("restart", 25), ("carried:5", 5), ("depth:2", 25), ("samples:8", 25)):  # the quick budget's cold warm-up is 100
         rows = [r for r in records if r["variant"] == variant]
         assert [r["n"] for r in rows] == [8, 10] and {r["warmup"] for r in rows} == {warmup}
+    assert all(r["leapfrogs"] <= 3 for r in records if r["variant"] == "depth:2")
+    assert max(r["leapfrogs"] for r in records if r["variant"] == "restart") > 3
+    assert {r["draws"] for r in records if r["variant"] == "samples:8"} == {8} and {r["draws"] for r in records if r["variant"] == "restart"} == {16}
     by = {(r["variant"], r["n"]): r["nll"] for r in records}
     paired = [by["carried:5", n] - by["restart", n] for n in (8, 10)]
     assert report["summary"]["carried:5"]["nll_below_restart"] == sum(d < 0 for d in paired)
@@ -213,6 +217,8 @@ def test_bo_warm_refits_benchmark_pairs_each_variant_with_the_registered_warm_st
     refused = subprocess.run([sys.executable, script, "--quick", "--method", "mclmc", "--variants", "restart", "carried:5"],
                              capture_output=True, text=True)
     assert refused.returncode == 2 and "unknown variant 'carried:5' of mclmc" in refused.stderr
+    refused = subprocess.run([sys.executable, script, "--quick", "--variants", "restart", "depth:0"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "unknown variant 'depth:0' of nuts" in refused.stderr
 
 
 def test_bo_warm_refits_benchmark_compares_mclmcs_registered_warm_start_with_the_restarted_tuning(run_command):
