@@ -33,10 +33,11 @@ MCLMC's variants:
 
 - ``tuning:F``: the three tuning phases from the initial step size and ``L``, ``F`` of the cold
   fit's steps each, at least 1 (``tuning:0.25``: the registered warm start until 2026-12-07);
-- ``carried:F``: as ``tuning:F``, each chain's tuning started from its previous step size and
-  ``L`` (``stats["step_size"]``, ``stats["L"]``) at the target energy variance the previous
-  tuning ended at (its schedule's end), instead of the initial step size, MILE's ``L`` and the
-  schedule from its start;
+- ``carried:F``: as ``tuning:F``, each chain's tuning started as the registered warm start
+  starts it, from its previous step size and ``L``
+  (:func:`pyrobnn.infer.mcmc.samplers.mclmc_tuning_of`) at the target energy variance the
+  previous tuning ended at (its schedule's end), instead of the initial step size, MILE's ``L``
+  and the schedule from its start;
 - ``tuning:A/B/C``, ``carried:A/B/C``: as above with the three phases' steps given.
 
 The data are ``bayesopt.py``'s ``n_init`` scrambled Sobol points of each design, then ``q``
@@ -70,7 +71,7 @@ import bayesopt  # noqa: E402
 import bo_calibration  # noqa: E402
 from bo_problems import DEVELOPMENT, problem, single_objective  # noqa: E402
 from pyrobnn import methods  # noqa: E402
-from pyrobnn.infer.mcmc.samplers import mclmc_tuning_of, nuts_adaptation_of  # noqa: E402
+from pyrobnn.infer.mcmc.samplers import nuts_adaptation_of  # noqa: E402
 
 
 def variant_warm_start(method: str, variant: str, registered: methods.WarmStart) -> methods.WarmStart:
@@ -112,13 +113,11 @@ def mclmc_variant(variant: str, kind: str, amount: str, registered: methods.Warm
                          "tuning:A/B/C or carried:A/B/C (the phases' steps)")
 
     def prepare(model, previous, x, y, options, fraction, seed):
-        defaults = inspect.signature(methods.spec("mclmc").run).parameters
-        cold = options.get("num_warmup", defaults["num_warmup"].default)
-        warm = dict(options, num_warmup=tuple(int(p) for p in phases) if given else methods.scaled_budget(tuple(cold), share))
-        if kind == "carried":
-            end = options.get("energy_variance", defaults["energy_variance"].default)
-            warm.update(**mclmc_tuning_of(previous), energy_variance=end[-1] if isinstance(end, (tuple, list)) else end)
-        return warm
+        cold = options.get("num_warmup", inspect.signature(methods.spec("mclmc").run).parameters["num_warmup"].default)
+        num_warmup = tuple(int(p) for p in phases) if given else methods.scaled_budget(tuple(cold), share)
+        if kind == "carried":  # the registered warm start's carried tuning, with this variant's budget
+            options = registered.prepare(model, previous, x, y, options, fraction, seed)
+        return dict(options, num_warmup=num_warmup)
 
     return methods.WarmStart(init=registered.init, count=registered.count, prepare=prepare,
                              names=("num_warmup", "step_size", "L", "energy_variance"))
