@@ -29,6 +29,11 @@ NUTS's variants:
 - ``samples:S``: the registered warm start drawing ``S`` draws per chain in the refit
   (``num_samples``).
 
+Either sampler's:
+
+- ``float32``, ``float64``: the registered warm start with the refit's chains in that dtype
+  (``dtype``: on a copy of the float64 network, the draws handed back in float64).
+
 MCLMC's variants:
 
 - ``tuning:F``: the three tuning phases from the initial step size and ``L``, ``F`` of the cold
@@ -79,6 +84,11 @@ def variant_warm_start(method: str, variant: str, registered: methods.WarmStart)
     module docstring lists them); ``restart`` is ``registered``, the method's declared one."""
     if variant == "restart":
         return registered
+    if variant in ("float32", "float64"):  # either sampler: the registered warm start, the refit's chains in this dtype
+        dtype = getattr(torch, variant)
+        return dataclasses.replace(registered, prepare=lambda model, previous, x, y, options, fraction, seed: dict(
+            registered.prepare(model, previous, x, y, options, fraction, seed) if registered.prepare else options, dtype=dtype),
+            names=registered.names + ("dtype",))
     kind, _, amount = variant.partition(":")
     if method == "mclmc":
         return mclmc_variant(variant, kind, amount, registered)

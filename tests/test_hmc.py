@@ -282,3 +282,55 @@ def test_a_stuck_chain_is_named_in_the_summary_with_the_remedy():
     assert "divergent transitions: 13 of 30" in text
     assert "stuck chains, their draws mostly divergent (chain 1: 100%; step size 0.05 against 0.01-0.012 for the others)" in text
     assert "longer warm-up (num_warmup >= 150), a higher target_accept (0.9-0.95), or from a deep ensemble's members" in text
+
+
+def test_nuts_in_single_precision_on_a_float64_model_reaches_the_exact_posterior_and_hands_back_float64_draws():
+    """``dtype=torch.float32`` runs the chains on a float32 copy of a float64 model (the native
+    kernels' single-precision functions): the draws are the exact posterior's within Monte Carlo
+    error, they come back in float64 for the model the call was given, and that model is left as
+    it was (float64 parameters, no copy attached)."""
+    X, y, mean, precision = conjugate_problem(seed=3)
+    model = bayesian_linear_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = nuts(model, X, y, num_samples=800, num_warmup=400, num_chains=4, dtype=torch.float32, progress=False)
+    assert result.stats["path"] == "native", result.stats["path_reason"]
+    assert result.model is model and result.settings["dtype"] == "float32"
+    assert all(v.dtype == torch.float64 for v in result.samples.values())
+    assert result.stats["step_size"].dtype == torch.float64 and result.stats["inv_mass"].dtype == torch.float64
+    # the draws were made in float32: each is a float32 number, cast
+    w = result.samples["weight"]
+    assert torch.equal(w, w.float().double())
+    assert all(torch.equal(v, before[k]) and v.dtype == torch.float64 for k, v in model.state_dict().items())
+    assert result.num_divergences == 0
+    check_exact_posterior(w.reshape(4, 800, 3), mean, torch.linalg.inv(precision))
+    # and its predictive is the float64 model's, from the cast draws
+    assert result.predict(X[:3]).mean.dtype == torch.float64
+
+
+def test_nuts_in_the_models_own_dtype_is_the_run_without_dtype():
+    X, y, _, _ = conjugate_problem()
+    plain = nuts(bayesian_linear_model(), X, y, num_samples=20, num_warmup=20, num_chains=2, progress=False)
+    same = nuts(bayesian_linear_model(), X, y, num_samples=20, num_warmup=20, num_chains=2, dtype=torch.float64, progress=False)
+    assert torch.equal(plain.samples["weight"], same.samples["weight"])
+    assert same.settings["dtype"] == "float64" and plain.settings["dtype"] is None
+
+
+def test_a_float32_refit_goes_on_from_a_float64_posterior():
+    """A warm refit's chains start from the previous (float64) result's last draws, cast."""
+    X, y, _, _ = conjugate_problem()
+    model = bayesian_linear_model()
+    first = nuts(model, X, y, num_samples=10, num_warmup=20, num_chains=2, progress=False)
+    again = nuts(model, X, y, num_samples=10, num_warmup=0, num_chains=2, init=first, dtype=torch.float32, step_size=0.05,
+                 max_tree_depth=1, progress=False)
+    assert again.samples["weight"].dtype == torch.float64 and again.num_chains == 2
+
+
+def test_samplers_refuse_a_dtype_that_is_not_float32_or_float64():
+    X, y, _, _ = conjugate_problem()
+    for sampler in (nuts, pyrobnn.mclmc):
+        with pytest.raises(ValueError, match=r"dtype must be .*torch.float32, torch.float64.*got torch.float16"):
+            sampler(bayesian_linear_model(), X, y, num_samples=2, num_warmup=2, dtype=torch.float16, progress=False)
+    model = bayesian_linear_model()
+    with pytest.raises(ValueError, match="dtype"):
+        nuts(model, X, y, num_samples=2, num_warmup=2, dtype="float32", progress=False)
+    assert next(model.parameters()).dtype == torch.float64
