@@ -8,7 +8,8 @@ Models: the 1-50-1 tanh network of ``hmc_speed.py`` (100 points) and MILE's 16-1
 with a heteroscedastic output on 215 points (yacht's training part), float32; and the Bayesian-
 optimization surrogates' network (``bayesopt.py``: 50-50 erf units behind a fixed input map,
 a constant output offset, float64) on 30 points in 2-D and 42 in 6-D, the sizes of a BO run's
-refits (no JAX row: its JAX twin is not written). Paths:
+refits, and on 10 points in 2-D (a first fit) in float64 and float32 (no JAX row: its JAX twin is
+not written). Paths:
 
 - ``native``: :mod:`pyrobnn.infer.core.native` (the hand-derived kernels), one call for all chains;
 - ``compiled``: ``FlatPotential.value_and_grad_functional`` under ``torch.compile`` (the torch
@@ -59,6 +60,11 @@ def problems():
     for d, n in ((2, 30), (6, 42)):  # the surrogates' network at a BO run's sizes
         f64 = torch.float64
         yield f"{d}-50-50-1 erf (BO surrogate), float64, N={n}", surrogate_network(d), torch.rand(n, d, dtype=f64), torch.randn(n, 1, dtype=f64), None
+    # a BO run's first fit (10 points, fewer than a float32 vector's 16 under AVX-512), with the
+    # chains in float64 and in float32 (the NUTS surrogate's dtype option)
+    x, y = torch.rand(10, 2, dtype=torch.float64), torch.randn(10, 1, dtype=torch.float64)
+    yield "2-50-50-1 erf (BO surrogate), float64, N=10", surrogate_network(2), x, y, None
+    yield "2-50-50-1 erf (BO surrogate), float32, N=10", surrogate_network(2).float(), x.float(), y.float(), None
 
 
 def surrogate_network(d):

@@ -65,14 +65,17 @@ def test_value_and_gradient_are_autograds(activation, case):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("n, hidden", [(3, (9, 17)), (11, (9, 17)), (37, (17, 4)), (130, (9, 17)), (300, (33, 1))])
+@pytest.mark.parametrize("n, hidden", [(3, (9, 17)), (5, (9, 17)), (7, (17, 4)), (11, (9, 17)), (37, (17, 4)), (130, (9, 17)),
+                                      (300, (33, 1))])
 def test_every_shape_of_the_blocked_products_is_autograds(n, hidden, dtype):
     """The layer products are register-blocked (mlp_kernels.cpp, "dense products"): full tiles,
     the last tile of a row or column overlapping the one before, one row at a time under four
-    rows, vectors of half the width or one point at a time for few points, and the weights'
-    gradient through the transposed layer input (few points, a wide layer) or by sums over the
-    points (many points, or a narrow layer). Points from under one vector to several tiles, and
-    layers from 1 to 33 units, cover each branch for both dtypes, against float64 autograd."""
+    rows, for fewer points than a vector holds tiles of halved widths down to 4 columns (5 and 7
+    points: two overlapping tiles of 4; 11: of 8 in float32 under AVX-512) or one point at a
+    time under 4, and the weights' gradient through the transposed layer input (few points, a
+    wide layer) or by sums over the points (many points, or a narrow layer). Points from under
+    one vector to several tiles, and layers from 1 to 33 units, cover each branch for both
+    dtypes, against float64 autograd."""
     torch.manual_seed(n)
     x, y = torch.randn(n, 3, dtype=F64), torch.randn(n, 2, dtype=F64)
     model = pyrobnn.BayesianModel(pyrobnn.MLP(3, 2, hidden=hidden, activation=Erf).double(), pyrobnn.GaussianLikelihood(scale=0.5),
