@@ -4,6 +4,7 @@ optimization surrogates' network, today's code beside a git revision's.
 
     python benchmarks/sampler_steps.py                      # today's code alone
     python benchmarks/sampler_steps.py --against HEAD~3     # beside the code at HEAD~3, in turns
+    python benchmarks/sampler_steps.py --dtypes float64 float32   # the chains in float64 (the network's) and in float32
 
 ``leaf_speed.py`` times the potential's gradient alone; a sampler's step also draws its noise,
 updates its velocity and checks what it made, and those are what this times: ``mclmc`` and
@@ -15,7 +16,9 @@ steps between: the tuning and the run's set-up cancel. ``--against REV`` checks 
 into a temporary git worktree and runs the same measurement in a child process with that
 worktree's ``pyrobnn`` first on its path, the two codes taking turns round by round (each the
 best of ``--rounds``), so that a change of load reaches both. One thread each (``--threads``).
-The last line is one JSON object.
+``--dtypes``: the chains' dtypes (the samplers' ``dtype``; ``float32`` runs them on a float32
+copy of the float64 network: a code before 2026-12-07 has no such option). The last line is one
+JSON object.
 """
 
 from __future__ import annotations
@@ -38,35 +41,40 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (("2-50-50-1 erf, N=30", 2, 30), ("6-50-50-1 erf, N=42", 6, 42))
 
 
-def run_seconds(sampler, model, x, y, steps):
-    """Seconds of one run with ``steps`` sampling steps (transitions) after a short tuning."""
+def run_seconds(sampler, model, x, y, steps, dtype="float64"):
+    """Seconds of one run with ``steps`` sampling steps (transitions) after a short tuning, the
+    chains in ``dtype`` (the float64 network's own unless ``"float32"``)."""
     import pyrobnn
 
+    chains = {} if dtype == "float64" else dict(dtype=getattr(torch, dtype))
     start = time.perf_counter()
     if sampler == "mclmc":
-        pyrobnn.mclmc(model, x, y, num_samples=steps, num_warmup=(50, 10, 10), thinning=1, num_chains=4, init="prior", progress=False)
+        pyrobnn.mclmc(model, x, y, num_samples=steps, num_warmup=(50, 10, 10), thinning=1, num_chains=4, init="prior", progress=False,
+                      **chains)
     else:
-        pyrobnn.nuts(model, x, y, num_samples=steps, num_warmup=20, num_chains=4, max_tree_depth=6, init="prior", progress=False)
+        pyrobnn.nuts(model, x, y, num_samples=steps, num_warmup=20, num_chains=4, max_tree_depth=6, init="prior", progress=False, **chains)
     return time.perf_counter() - start
 
 
-def measure(steps):
-    """``{label: microseconds per chain and step}`` for this process's ``pyrobnn``."""
+def measure(steps, dtypes=("float64",)):
+    """``{label: microseconds per chain and step}`` for this process's ``pyrobnn``, the chains
+    in each of ``dtypes``."""
     out = {}
     for label, d, n in SIZES:
         g = torch.Generator().manual_seed(0)
         x = torch.rand(n, d, generator=g, dtype=torch.float64)
         y = torch.randn(n, generator=g, dtype=torch.float64)
         model = surrogate_network(d)
-        for sampler, count in (("mclmc", steps), ("nuts", max(10, steps // 40))):
-            run_seconds(sampler, model, x, y, max(1, count // 10))  # builds and loads the kernels
-            long, short = run_seconds(sampler, model, x, y, count), run_seconds(sampler, model, x, y, max(1, count // 10))
-            out[f"{sampler}, {label}"] = (long - short) / (count - max(1, count // 10)) / 4 * 1e6
+        for dtype in dtypes:
+            for sampler, count in (("mclmc", steps), ("nuts", max(10, steps // 40))):
+                run_seconds(sampler, model, x, y, max(1, count // 10), dtype)  # builds and loads the kernels
+                long, short = run_seconds(sampler, model, x, y, count, dtype), run_seconds(sampler, model, x, y, max(1, count // 10), dtype)
+                out[f"{sampler}, {label}, chains in {dtype}"] = (long - short) / (count - max(1, count // 10)) / 4 * 1e6
     return out
 
 
-def child(steps):
-    print(json.dumps(measure(steps)))
+def child(steps, dtypes):
+    print(json.dumps(measure(steps, dtypes)))
 
 
 def main(argv=None):
@@ -75,6 +83,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=2000, help="MCLMC steps per run (NUTS: a 40th of them)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtypes", nargs="+", choices=["float64", "float32"], default=["float64"], help="the chains' dtypes")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps < 20 or args.rounds < 1 or args.threads < 1:
@@ -85,7 +94,7 @@ def main(argv=None):
         parser.error(f"--against: {args.against!r} is no git revision of this checkout")
     torch.set_num_threads(args.threads)
     if args.child:
-        child(args.steps)
+        child(args.steps, args.dtypes)
         return
     worktree = None
     if args.against:
@@ -100,7 +109,7 @@ def main(argv=None):
         for _ in range(args.rounds):
             for name, (child_env, _) in codes.items():
                 done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--steps", str(args.steps),
-                                       "--threads", str(args.threads)], env=child_env, capture_output=True, text=True, check=True)
+                                       "--threads", str(args.threads), "--dtypes", *args.dtypes], env=child_env, capture_output=True, text=True, check=True)
                 row = json.loads(done.stdout.strip().splitlines()[-1])
                 for key, value in row.items():
                     best[(name, key)] = min(best.get((name, key), float("inf")), value)
@@ -114,7 +123,7 @@ def main(argv=None):
         if args.against:
             line += f"   {args.against} / today {best[(args.against, key)] / best[('today', key)]:.2f}x"
         print(line)
-    print(json.dumps({"against": args.against, "rounds": args.rounds, "threads": args.threads,
+    print(json.dumps({"against": args.against, "rounds": args.rounds, "threads": args.threads, "dtypes": args.dtypes,
                       "us_per_chain_step": {f"{name} | {key}": best[(name, key)] for name, key in best}}))
 
 

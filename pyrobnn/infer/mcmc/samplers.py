@@ -157,8 +157,9 @@ def nuts(
         (``None``, the default: the model's). Another than the model's runs them on a copy of
         the model in that dtype and hands the draws and statistics back in the model's
         (:func:`~pyrobnn.infer.core.runner.sample`): a float64 model (BoTorch's) can sample in
-        single precision, which NumPyro and BlackJAX take by default, where the native kernels'
-        gradient is about 1.4x faster; its draws carry single precision's rounding.
+        single precision, which NumPyro and BlackJAX take by default, where a native NUTS
+        transition on the BO surrogates' network is 1.5-1.8x faster (docs/logs/benchmarks.md);
+        its draws carry single precision's rounding.
     :returns: a :class:`~pyrobnn.infer.results.posterior.Posterior` with ``num_samples`` draws per
         chain; its stats hold per draw ``accept_prob``, ``tree_depth``, ``num_steps``,
         ``diverging`` and the potential (``energy``), and per chain the adapted ``step_size`` and
@@ -437,8 +438,10 @@ register(MethodSpec(
     # as a surrogate: chains from the prior's draws, not the box, whose networks a 200-step warm-up
     # did not bring back (predictive sds of thousands away from the data on Levy-20); so started,
     # the calibrated limit's whole network (its units and mean), as MCLMC and the ensemble have
-    # (docs/bayesopt.md, "Where the chains start", 2026-11-28)
-    bo_options=dict(num_samples=64, num_warmup=200, num_chains=4, max_tree_depth=6, init="prior"),
+    # (docs/bayesopt.md, "Where the chains start", 2026-11-28); the chains in float32 on a copy of
+    # the float64 network: a refit about 0.72x as long, held-out NLL and regret level
+    # (docs/bayesopt.md, "NUTS's chains in single precision", 2026-12-07)
+    bo_options=dict(num_samples=64, num_warmup=200, num_chains=4, max_tree_depth=6, init="prior", dtype=torch.float32),
     bo_limit_network=True,
     # a refit's chains go on from their last draws with a quarter of the warm-up, adapting from
     # scratch: starting it from the previous run's step sizes and its draws' variance
