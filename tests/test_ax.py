@@ -2,6 +2,7 @@
 BoTorch generator with a BNNSurrogate in place of the GP, and Ax's cross-validation reloads the
 fitted model's state without refitting."""
 
+import inspect
 import math
 
 import pytest
@@ -21,8 +22,11 @@ def test_a_client_runs_bo_with_a_bnn_surrogate_and_cross_validates():
     from ax.api.client import Client
     from ax.api.configs import RangeParameterConfig
 
-    from pyrobnn.integrations.ax import generation_strategy
-    from pyrobnn.integrations.botorch import BNNSurrogate
+    from pyrobnn.integrations.ax import generation_strategy, model_config
+    from pyrobnn.integrations.botorch import DEFAULT_METHOD, BNNSurrogate
+
+    for entry in (generation_strategy, model_config):  # the same default as fit_surrogate's and BNNSurrogate's
+        assert inspect.signature(entry).parameters["method"].default == DEFAULT_METHOD
 
     client = Client(random_seed=0)
     client.configure_experiment(parameters=[RangeParameterConfig(name="x1", parameter_type="float", bounds=(-5, 10)),

@@ -358,6 +358,24 @@ def test_bad_input_is_refused_by_name():
         PosteriorSurrogate(object(), X, Y)
 
 
+def test_every_entry_point_fits_the_one_default_method_unless_told():
+    """fit_surrogate and BNNSurrogate share DEFAULT_METHOD (NUTS; the Ax helpers too, checked in
+    tests/test_ax.py, where Ax is imported), so a user who names no method gets the same
+    surrogate from each; a method named still wins."""
+    import inspect
+
+    from pyrobnn.integrations import botorch
+
+    assert botorch.DEFAULT_METHOD == "nuts"
+    for entry in (fit_surrogate, BNNSurrogate.__init__):
+        assert inspect.signature(entry).parameters["method"].default == botorch.DEFAULT_METHOD
+    X, Y = data()
+    s = fit_surrogate(X, Y, options=QUICK["nuts"], num_samples=4)
+    assert s.fit_record.method == "nuts"
+    assert BNNSurrogate(X, Y, options=QUICK["nuts"], num_samples=4).fit_record.method == "nuts"
+    assert fit_surrogate(X, Y, "deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4).fit_record.method == "deep_ensemble"
+
+
 def test_the_calibration_offered_the_cosine_network_builds_it_and_keeps_it_in_refits():
     """``activations`` reaches the default model's calibration: offered the cosine network alone,
     the surrogate's network is Linear, Cos, ... with the stationary kernel's wide first-layer

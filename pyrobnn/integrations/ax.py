@@ -35,7 +35,7 @@ try:
 except ImportError as error:  # pragma: no cover - Ax is not installed
     raise ImportError("pyrobnn.integrations.ax needs Ax: pip install ax-platform") from error
 
-from pyrobnn.integrations.botorch import BNNSurrogate
+from pyrobnn.integrations.botorch import DEFAULT_METHOD, BNNSurrogate
 
 __all__ = ["model_config", "generation_strategy"]
 
@@ -47,7 +47,7 @@ def _fit_bnn_surrogate(model: BNNSurrogate, mll_class=None, mll_options=None) ->
     model.fit()
 
 
-def model_config(method: str = "deep_ensemble", *, name: str | None = None, **surrogate_options) -> ModelConfig:
+def model_config(method: str = DEFAULT_METHOD, *, name: str | None = None, **surrogate_options) -> ModelConfig:
     """An Ax ``ModelConfig`` whose model is a :class:`BNNSurrogate` fitted by ``method``;
     ``surrogate_options`` are :class:`BNNSurrogate`'s keywords (``options``, ``num_samples``,
     ``seed``, ``model``, ``warm_fraction``, ``outcome_transform``)."""
@@ -56,7 +56,7 @@ def model_config(method: str = "deep_ensemble", *, name: str | None = None, **su
     )
 
 
-def generation_strategy(method: str = "deep_ensemble", *, initialization_budget: int | None = None,
+def generation_strategy(method: str = DEFAULT_METHOD, *, initialization_budget: int | None = None,
                         initialization_random_seed: int | None = None, **surrogate_options):
     """Ax's default generation strategy (Sobol initialization, then its modular BoTorch
     generator with qLogNEI) with a pyrobnn surrogate in place of the GP."""
