@@ -4,6 +4,7 @@ gradients in X, equal joint draws at repeated points, optimize_acqf with q=2, wa
 the numbers behind them: the members' mean is the network at the draws, the Laplace covariance is
 laplace-torch's joint GLM covariance, the outcome transform maps back to the original units."""
 
+import inspect
 import math
 
 import pytest
@@ -18,7 +19,7 @@ from botorch.optim import optimize_acqf  # noqa: E402
 import pyrobnn  # noqa: E402
 from pyrobnn.infer.results.predictive import network_outputs  # noqa: E402
 from pyrobnn.infer.results.protocol import evenly_spaced  # noqa: E402
-from pyrobnn.integrations.botorch import BNNSurrogate, LaplaceSurrogate, PosteriorSurrogate, default_model, fit_surrogate  # noqa: E402
+from pyrobnn.integrations.botorch import DEFAULT_METHOD, BNNSurrogate, LaplaceSurrogate, PosteriorSurrogate, default_model, fit_surrogate  # noqa: E402
 
 D = 2
 QUICK = {
@@ -362,13 +363,9 @@ def test_every_entry_point_fits_the_one_default_method_unless_told():
     """fit_surrogate and BNNSurrogate share DEFAULT_METHOD (NUTS; the Ax helpers too, checked in
     tests/test_ax.py, where Ax is imported), so a user who names no method gets the same
     surrogate from each; a method named still wins."""
-    import inspect
-
-    from pyrobnn.integrations import botorch
-
-    assert botorch.DEFAULT_METHOD == "nuts"
+    assert DEFAULT_METHOD == "nuts"
     for entry in (fit_surrogate, BNNSurrogate.__init__):
-        assert inspect.signature(entry).parameters["method"].default == botorch.DEFAULT_METHOD
+        assert inspect.signature(entry).parameters["method"].default == DEFAULT_METHOD
     X, Y = data()
     s = fit_surrogate(X, Y, options=QUICK["nuts"], num_samples=4)
     assert s.fit_record.method == "nuts"
@@ -454,8 +451,6 @@ def test_a_samplers_default_surrogate_keeps_a_draw_for_every_default_member(meth
     ``bo_options`` (chains times steps over the thinning), spread over each chain: MCLMC's
     options of before 2026-12-07 kept 48 draws from 64 steps, correlated along each chain, and
     its surrogates were over-confident (docs/bayesopt.md, "MCLMC's draws span its chains")."""
-    import inspect
-
     from pyrobnn import methods
 
     members = inspect.signature(fit_surrogate).parameters["num_samples"].default
