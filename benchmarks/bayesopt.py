@@ -91,12 +91,16 @@ OPTIONS = {
 }
 
 
-#: other forms of the Laplace surrogate, screened beside its default by ``bo_boundary.py`` and
-#: ``bo_calibration.py`` (cold fits only; the regret runs take the default): the last layer alone,
-#: the calibrated model's prior precisions as they are (untuned), and the network itself at the
+#: other forms of the Laplace surrogate, screened beside its default (the ``"bounded"`` form since
+#: 2026-12-07) by ``bo_boundary.py`` and ``bo_calibration.py``: the last layer alone, the
+#: calibrated model's prior precisions as they are (untuned), and the network itself at the
 #: posterior's weight draws (laplace-torch's "nn" predictive, a ``PosteriorSurrogate`` of the
-#: result) instead of its linearization around the MAP
-LAPLACE_FORMS = {"laplace:last_layer": dict(subset="last_layer"), "laplace:untuned": dict(tune_prior=False), "laplace:network": {}}
+#: result) instead of its linearization around the MAP (cold fits only); and the joint form, the
+#: erf network's linearized predictive unbounded (the default until 2026-12-07; warm refits as the
+#: default's, so the regret runs take it too). Each: the options merged over Laplace's, and the
+#: ``laplace_form``
+LAPLACE_FORMS = {"laplace:last_layer": (dict(subset="last_layer"), "joint"), "laplace:untuned": (dict(tune_prior=False), "joint"),
+                 "laplace:network": ({}, "samples"), "laplace:joint": ({}, "joint")}
 
 
 def problem(name):
@@ -157,11 +161,10 @@ def fit_model(method, X, Y, seed, settings, budget, previous=None):
     if method in LAPLACE_FORMS:
         return laplace_form_model(method, X, Y, seed, settings, budget, previous)
     if previous is None:
-        from pyrobnn import methods
-        from pyrobnn.integrations.botorch import fit_surrogate
+        from pyrobnn.integrations.botorch import fit_surrogate, takes_limit_network
 
-        # the activations offered to the calibration of a network that takes its limit's (Laplace's is erf)
-        activations = settings.get("activations") if methods.spec(method).bo_limit_network else None
+        # the activations offered to the calibration of a network that takes its limit's (Laplace's joint form is erf)
+        activations = settings.get("activations") if takes_limit_network(method) else None
         return fit_surrogate(X, Y, method, options=OPTIONS[budget][method], num_samples=settings["num_samples"], seed=seed,
                              activations=activations)
     seen = previous.fit_record.train_X.shape[0]
@@ -169,17 +172,20 @@ def fit_model(method, X, Y, seed, settings, budget, previous=None):
 
 
 def laplace_form_model(form, X, Y, seed, settings, budget, previous=None):
-    """The Laplace surrogate in one of :data:`LAPLACE_FORMS`, fitted cold as ``fit_model`` fits
-    ``"laplace"`` with the form's options."""
+    """The Laplace surrogate in one of :data:`LAPLACE_FORMS`, fitted as ``fit_model`` fits
+    ``"laplace"`` with the form's options and ``laplace_form`` (warm refits for ``laplace:joint``
+    only)."""
     from pyrobnn.integrations.botorch import PosteriorSurrogate, fit_surrogate
 
+    options, laplace_form = LAPLACE_FORMS[form]
     if previous is not None:
-        raise ValueError(f"{form} is screened on cold fits only; the regret runs take 'laplace'")
-    network = form == "laplace:network"
-    options = {**OPTIONS[budget]["laplace"], **LAPLACE_FORMS[form]}
-    model = fit_surrogate(X, Y, "laplace", options=options, num_samples=settings["num_samples"], seed=seed,
-                          laplace_form="samples" if network else "joint")
-    if not network:
+        if form != "laplace:joint":
+            raise ValueError(f"{form} is screened on cold fits only; the regret runs take 'laplace' and 'laplace:joint'")
+        seen = previous.fit_record.train_X.shape[0]
+        return previous.refit(X[seen:], Y[seen:], warm=True)
+    model = fit_surrogate(X, Y, "laplace", options={**OPTIONS[budget]["laplace"], **options}, num_samples=settings["num_samples"],
+                          seed=seed, laplace_form=laplace_form)
+    if laplace_form != "samples":
         return model
     return PosteriorSurrogate(model.result, X, Y, num_samples=settings["num_samples"], seed=seed, outcome_transform=model.outcome_transform)
 
@@ -311,7 +317,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="Branin and Hartmann-6 at small budgets (CI)")
     parser.add_argument("--regimes", action="store_true",
                         help="Branin in 40 inputs and Gramacy & Lee's function at 100 evaluations (the full options)")
-    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS + ["laplace:joint"])
     parser.add_argument("--problems", nargs="+", default=None)
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--first-seed", type=int, default=0,
@@ -424,7 +430,7 @@ def merged_runs(paths):
         commands.append(saved.get("command", "python benchmarks/bayesopt.py"))
         for record in saved["records"]:
             runs[(record["problem"], record["method"], record["seed"], bool(record.get("cold_refits")))] = record
-    methods = [m for m in METHODS if m in methods]
+    methods = [m for m in METHODS + list(LAPLACE_FORMS) if m in methods]
     seeds = {}
     for problem, method, seed, cold in runs:
         seeds.setdefault((problem, method, cold), set()).add(seed)

@@ -22,7 +22,8 @@ the corners (a GP's mean reverts to its constant far from the data; a single tra
 carries whatever it extrapolates) and the largest upper bound, mean plus two posterior standard
 deviations, against the best observation. The surrogates are ``--methods`` of ``gp``,
 ``infinite_width``, ``bayesopt.py``'s pyrobnn methods and the Laplace surrogate's other forms
-(``bayesopt.LAPLACE_FORMS``: ``laplace:last_layer``, ``laplace:untuned``, ``laplace:network``).
+(``bayesopt.LAPLACE_FORMS``: ``laplace:last_layer``, ``laplace:untuned``, ``laplace:network``,
+``laplace:joint``).
 
 With ``--along METHOD`` the data are not Sobol points but what ``METHOD``'s own run of
 ``bayesopt.py``'s loop (seed = the design) had at the steps ``--at-steps``: points a BO run has

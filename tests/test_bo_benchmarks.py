@@ -302,7 +302,8 @@ def test_bayesopt_pairs_each_run_with_random_search_in_its_seed():
 def test_the_benchmarks_activations_reach_the_infinite_width_gp_and_the_networks_calibration():
     """``--activations`` (a setting of bayesopt.py and bo_calibration.py): ``fit_model`` hands it
     to the infinite-width GP's cold fit and to the calibration of a surrogate whose network is its
-    limit's, and not to Laplace's erf network; without it the library's default choice is made."""
+    limit's (Laplace's default, bounded form included), and not to Laplace's joint form's erf
+    network; without it the library's default choice is made."""
     import importlib.util
 
     from torch.quasirandom import SobolEngine
@@ -319,8 +320,8 @@ def test_the_benchmarks_activations_reach_the_infinite_width_gp_and_the_networks
     assert {a for a, _ in bench.fit_model("infinite_width", X, Y, 0, dict(num_samples=4), "quick").infinite_width_fits} == {"erf", "relu"}
     ensemble = bench.fit_model("deep_ensemble", X, Y, 0, cos, "quick")
     assert infinite_width_of(ensemble.result.model).activation == "cos"
-    laplace = bench.fit_model("laplace", X, Y, 0, cos, "quick")
-    assert infinite_width_of(laplace.result.model).activation == "erf"
+    assert infinite_width_of(bench.fit_model("laplace", X, Y, 0, cos, "quick").result.model).activation == "cos"
+    assert infinite_width_of(bench.fit_model("laplace:joint", X, Y, 0, cos, "quick").result.model).activation == "erf"
 
 
 def test_the_benchmarks_samplers_keep_a_draw_for_every_member():

@@ -32,7 +32,8 @@ QUICK = {
     "sgld": dict(num_steps=40, thinning=4, num_chains=2),
     "meanfield": dict(epochs=20),
 }
-KINDS = list(QUICK) + ["laplace_samples"]
+KINDS = list(QUICK) + ["laplace_samples", "laplace_bounded"]
+FORMS = {"laplace_samples": "samples", "laplace_bounded": "bounded"}
 
 
 def data(n=12, seed=0):
@@ -44,8 +45,8 @@ def data(n=12, seed=0):
 
 def fit(kind, seed=0, **kwargs):
     X, Y = data()
-    method = "laplace" if kind == "laplace_samples" else kind
-    form = "samples" if kind == "laplace_samples" else "joint"
+    method = "laplace" if kind in FORMS else kind
+    form = FORMS.get(kind, "joint")
     return fit_surrogate(X, Y, method, options=QUICK[method], num_samples=8, seed=seed, laplace_form=form, **kwargs)
 
 
@@ -158,7 +159,7 @@ def test_laplace_covariance_is_laplace_torchs_joint_glm_covariance(surrogates, h
         s = surrogates["laplace"]
     else:
         X, Y = data()
-        s = fit_surrogate(X, Y, "laplace", options=dict(QUICK["laplace"], hessian=hessian), num_samples=8)
+        s = fit_surrogate(X, Y, "laplace", options=dict(QUICK["laplace"], hessian=hessian), num_samples=8, laplace_form="joint")
     x = torch.rand(2, 5, D, dtype=torch.float64)
     post = s.posterior(x)
     la = s.result.approximation
@@ -229,7 +230,7 @@ def test_full_laplace_surrogate_with_two_outcomes_and_an_input_transform_is_lapl
     X = X * 4 - 1  # outside the unit cube: Normalize maps it back
     Y = torch.cat([Y, -Y ** 2 / 50], -1)
     s = fit_surrogate(X, Y, "laplace", options=dict(QUICK["laplace"], hessian="full", tune_prior=False), num_samples=8,
-                      input_transform=Normalize(D))
+                      input_transform=Normalize(D), laplace_form="joint")
     assert s._training_kernel() is not None  # the function-space path
     x = torch.rand(2, 3, D, dtype=torch.float64) * 4 - 1
     cov = s.posterior(x).distribution.covariance_matrix  # (2, 6, 6), point-major over (point, outcome)
@@ -354,7 +355,9 @@ def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match="with a model given"):
         fit_surrogate(X, Y, "deep_ensemble", model=default_model(D, 1), activations=("cos",))
     with pytest.raises(ValueError, match="bo_limit_network is false"):
-        fit_surrogate(X, Y, "laplace", activations=("cos",))
+        fit_surrogate(X, Y, "laplace", activations=("cos",), laplace_form="joint")
+    with pytest.raises(ValueError, match="laplace_form='bounded'.*a given model"):
+        fit_surrogate(X, Y, "laplace", model=default_model(D, 1), laplace_form="bounded")
     with pytest.raises(TypeError, match="pyrobnn Result"):
         PosteriorSurrogate(object(), X, Y)
 
@@ -404,10 +407,10 @@ def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data(
     assert isinstance(model.net[0], InputScaling) and isinstance(model.net[2], Erf) and len(model.sites) == 6
     assert model.likelihood.noise_kind == "fixed" and model.dtype == torch.float64
     X, Y = data()
-    s = fit_surrogate(X, Y, "laplace", options=QUICK["laplace"], num_samples=4)
+    s = fit_surrogate(X, Y, "laplace", options=QUICK["laplace"], num_samples=4, laplace_form="joint")
     # the surrogate's prior is the infinite-width GP's fit to the standardized data
     y = (Y - Y.mean()) / Y.std()
-    # Laplace's network is erf without the GP's mean (its MethodSpec.bo_limit_network is false)
+    # Laplace's joint form is an erf network without the GP's mean (its MethodSpec.bo_limit_network is false)
     gp = infinite_width_gp(X, y, activation="erf", ard=False, outcome_transform=None)  # calibrated_model's shape: 6 points per feature
     expected, got = gp.covar_module.network(), infinite_width_of(s.result.model)
     assert got.activation == "erf" and got.output_mean is None
@@ -474,12 +477,42 @@ def assert_is_the_calibrations_whole_network(surrogate):
 @pytest.mark.parametrize("method", ["deep_ensemble", "swag", "ivon"])
 def test_the_methods_with_bo_limit_network_fit_their_calibrated_limits_whole_network(method):
     """The ensemble's, SWAG's and IVON's surrogates are the calibration's whole network, as the
-    samplers' are (Laplace's is erf without the offset: the default model's test above)."""
+    samplers' are (Laplace's joint form is erf without the offset: the default model's test above;
+    its bounded form takes the whole network, the next test)."""
     from pyrobnn import methods
 
     X, Y = data()
     assert methods.spec(method).bo_limit_network and not methods.spec("laplace").bo_limit_network
     assert_is_the_calibrations_whole_network(fit_surrogate(X, Y, method, options=QUICK[method], num_samples=4))
+
+
+def test_laplaces_default_surrogate_is_bounded_by_its_calibration():
+    """With the default model Laplace's form is "bounded": the calibration's whole network, and
+    the joint form's covariance C with each point's standard deviation lowered to at most the
+    calibration's posterior standard deviation, D C D with D = min(1, sd_GP / sqrt(diag C)), so
+    the correlations are C's (on these data the bound binds at some points of a grid over the
+    square: down to 0.72 of the joint form's standard deviation); a warm refit keeps the form.
+    With a model given the form is "joint"."""
+    X, Y = data()
+    s = fit_surrogate(X, Y, "laplace", options=QUICK["laplace"], num_samples=4)
+    assert s.fit_record.laplace_form == "bounded" and s.spread_bound is s.fit_record.calibration
+    assert_is_the_calibrations_whole_network(s)
+    g = torch.linspace(0, 1, 5, dtype=torch.float64)
+    x = torch.cartesian_prod(g, g).reshape(5, 5, D)  # five batches of five points
+    bounded = s.posterior(x).distribution.covariance_matrix.detach()
+    bound, s.spread_bound = s.spread_bound, None
+    joint = s.posterior(x).distribution.covariance_matrix.detach()  # the same fit's joint form
+    s.spread_bound = bound
+    std = float(s.outcome_transform.stdvs)
+    limit_sd = bound.posterior(x).variance.detach().squeeze(-1).sqrt() * std  # the calibration's units are the standardized outcomes
+    d = (limit_sd / joint.diagonal(dim1=-2, dim2=-1).sqrt()).clamp(max=1.0)
+    torch.testing.assert_close(bounded, d.unsqueeze(-1) * joint * d.unsqueeze(-2), rtol=1e-6, atol=1e-9 * std**2)
+    assert bool((bounded.diagonal(dim1=-2, dim2=-1).sqrt() <= limit_sd * (1 + 1e-6) + 1e-9).all())
+    assert float(d.min()) < 0.9  # the bound binds somewhere
+    again = s.refit(X[:2] + 0.01, Y[:2], warm=True)
+    assert again.warm and again.spread_bound is again.fit_record.calibration is not bound
+    given = fit_surrogate(X, Y, "laplace", model=default_model(D, 1), options=QUICK["laplace"], num_samples=4)
+    assert given.fit_record.laplace_form == "joint" and given.spread_bound is None
 
 
 @pytest.mark.parametrize("method", ["deep_ensemble", "laplace"])

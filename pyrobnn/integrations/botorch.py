@@ -18,7 +18,7 @@ request) and its constant mean as an output offset. The surrogates:
   ``observation_noise=True`` each member adds its own noise scale (the likelihood's
   :math:`\sigma`, or member ``s``'s draw of a noise scale with a prior) times a standard normal
   drawn under ``seed``.
-- :class:`LaplaceSurrogate` (``method="laplace"``, the default form ``"joint"``): the linearized
+- :class:`LaplaceSurrogate` (``method="laplace"``, the forms ``"joint"`` and ``"bounded"``): the linearized
   (GLM) predictive of the Laplace approximation as a Gaussian over the ``q`` points of each batch,
   mean :math:`f(x, \hat w)` and joint covariance :math:`J(x)\,\Sigma\,J(x)^\top` (Immer et al.
   2021), :math:`J` the network's Jacobian in the covered weights and :math:`\Sigma` laplace-torch's
@@ -27,8 +27,15 @@ request) and its constant mean as an output offset. The surrogates:
   (:class:`~pyrobnn.infer.modes.laplace.FunctionSpaceLaplace`: exact, no ``P x P`` matrix at
   prediction). The Jacobians are formed for a chunk of batches at a time, so memory grows with
   ``b q P`` (``P`` weights) and never with :math:`(b q)^2` as a covariance over all ``b x q``
-  points would; ``laplace_form="samples"`` gives the linearized predictive at the result's weight
-  draws as an ensemble instead.
+  points would. With the default model the form is ``"bounded"``: the network is its
+  calibration's whole network (as for the methods with ``MethodSpec.bo_limit_network``) and each
+  point's standard deviation is at most the calibration's posterior standard deviation there,
+  :math:`C \mapsto D C D`, :math:`D_{ii} = \min(1, \sigma_\infty(x_i) / \sqrt{C_{ii}})`, the
+  correlations :math:`J \Sigma J^\top`'s. The linearized network's variance grows toward the
+  cube's corners, where 20-40 points inform the MAP's Jacobian little, and qLogNEI spent its
+  batches there; the infinite-width limit's posterior under the same prior is exact and does not
+  (docs/bayesopt.md, "Laplace's spread bounded by its limit's"). ``laplace_form="samples"``
+  gives the linearized predictive at the result's weight draws as an ensemble instead.
 
 ``condition_on_observations(X, Y)`` (and ``surrogate.refit(X, Y)``) refits on the old
 and new data **warm-started** from the previous posterior (each method's
@@ -90,7 +97,7 @@ from pyrobnn.utils.modes import eval_mode
 
 __all__ = [
     "Surrogate", "PosteriorSurrogate", "LaplaceSurrogate", "BNNSurrogate", "fit_surrogate", "site_order", "default_model",
-    "JACOBIAN_CHUNK_BYTES", "DEFAULT_METHOD",
+    "JACOBIAN_CHUNK_BYTES", "DEFAULT_METHOD", "takes_limit_network",
 ]
 
 #: the most bytes of Jacobians the joint Laplace covariance forms at once (a chunk of batches)
@@ -399,10 +406,15 @@ class PosteriorSurrogate(Surrogate, EnsembleModel):
 class LaplaceSurrogate(Surrogate, Model):
     """The Laplace approximation's linearized predictive as BoTorch's ``GPyTorchPosterior``, with
     the joint covariance over each batch's points (the module docstring gives the math). Needs the
-    fitted laplace-torch object: a result fitted in this session, not a reloaded one."""
+    fitted laplace-torch object: a result fitted in this session, not a reloaded one.
+
+    ``spread_bound``, a GP in the network's units (inputs as the network sees them, outcomes
+    transformed), bounds each point's standard deviation by that GP's posterior standard
+    deviation there (the correlations kept; ``fit_surrogate``'s ``"bounded"`` form passes the
+    calibration, the network's infinite-width limit fitted to the same data)."""
 
     def __init__(self, result: LaplacePosterior, train_X, train_Y, *, input_transform=None, outcome_transform=None,
-                 _record: SurrogateFit = None):
+                 spread_bound=None, _record: SurrogateFit = None):
         if not isinstance(result, LaplacePosterior):
             raise TypeError(f"result must be a LaplacePosterior, got {type(result).__name__}")
         if result.approximation is None:
@@ -421,6 +433,7 @@ class LaplaceSurrogate(Surrogate, Model):
             self.outcome_transform = outcome_transform.eval()
         self._train_inputs = _network_inputs(input_transform, train_X)
         self._kernel = None
+        self.spread_bound = spread_bound
 
     def _mean_and_jacobians(self, x):
         """``f(x, w_MAP)`` ``(n, m)`` and the Jacobians ``(n, m, P)`` in the covered weights, in
@@ -460,6 +473,9 @@ class LaplaceSurrogate(Surrogate, Model):
                 covs.append(cov)
         mean = torch.cat(means).to(X.dtype)
         cov = torch.cat(covs).to(X.dtype)
+        if self.spread_bound is not None:
+            bound_x = flat.to(self.spread_bound.train_inputs[0].dtype)  # a float32 network's calibration is float64
+            cov = _bounded_spread(cov, self.spread_bound.posterior(bound_x).variance.reshape(b, q * m).to(cov))
         if isinstance(observation_noise, torch.Tensor):
             raise UnsupportedError("observation_noise as a tensor of variances is not supported: pass True for the model's own noise")
         if observation_noise:
@@ -518,6 +534,14 @@ class LaplaceSurrogate(Surrogate, Model):
         if result.latent_names:
             return result.map_values[result.latent_names[0]].detach() ** 2
         return result.model.likelihood.scale().detach() ** 2
+
+
+def _bounded_spread(cov, variance):
+    """``cov`` ``(b, k, k)`` with each point's standard deviation lowered to at most
+    ``sqrt(variance)`` ``(b, k)``: :math:`D C D`, :math:`D = \\mathrm{diag}(\\min(1, \\sqrt{v / C_{ii}}))`,
+    the correlations kept."""
+    scale = (variance / cov.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(cov.dtype).tiny)).sqrt().clamp(max=1.0)
+    return scale.unsqueeze(-1) * cov * scale.unsqueeze(-2)
 
 
 def _joint_covariances(la, Js, full_covariance=None):
@@ -613,7 +637,7 @@ def fit_surrogate(
     input_transform=None,
     outcome_transform="standardize",
     warm_fraction: float = 0.25,
-    laplace_form: str = "joint",
+    laplace_form: Optional[str] = None,
     activations=None,
 ):
     """Fit a BNN surrogate to ``(train_X, train_Y)`` with ``method`` and return it as a BoTorch model.
@@ -641,11 +665,14 @@ def fit_surrogate(
         the default, as BoTorch's GPs) or ``None``.
     :param warm_fraction: the fraction of the cold fit's tuning or training budget a warm refit
         (``condition_on_observations``, ``refit``) spends.
-    :param laplace_form: for ``method="laplace"``: ``"joint"`` (a :class:`LaplaceSurrogate`,
-        Gaussian with the joint covariance) or ``"samples"`` (a :class:`PosteriorSurrogate` over
-        the linearized predictive at the result's draws).
+    :param laplace_form: for ``method="laplace"``: ``"bounded"`` (the default with the default
+        model: a :class:`LaplaceSurrogate` whose standard deviation at each point is at most its
+        calibration's posterior standard deviation there, the network its calibration's whole
+        network), ``"joint"`` (the default with a given model: a :class:`LaplaceSurrogate`,
+        Gaussian with laplace-torch's joint covariance) or ``"samples"`` (a
+        :class:`PosteriorSurrogate` over the linearized predictive at the result's draws).
     :param activations: for the default model of a method whose ``MethodSpec.bo_limit_network``
-        is set: the activations its calibration chooses among (default
+        is set (or of Laplace's ``"bounded"`` form): the activations its calibration chooses among (default
         :data:`~pyrobnn.integrations.infinite_width_gp.DEFAULT_ACTIVATIONS`, erf and ReLU), e.g.
         ``("erf", "relu", "cos")`` to offer the cosine network, whose prior is stationary.
     """
@@ -659,18 +686,23 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
     """Check a surrogate's arguments and gather them (the model built, the options merged)."""
     if method not in methods.METHODS:
         raise ValueError(f"method must be one of {list(methods.METHODS)}, got {method!r}")
+    if laplace_form is None:
+        laplace_form = "bounded" if model is None else "joint"
+    if laplace_form not in ("joint", "bounded", "samples"):
+        raise ValueError(f"laplace_form must be 'joint', 'bounded' or 'samples', got {laplace_form!r}")
+    if laplace_form == "bounded" and model is not None:
+        raise ValueError("laplace_form='bounded' bounds the spread by the default model's calibration, which a given model has not")
     if activations is not None:
         if model is not None:
             raise ValueError("activations choose the default model's network; with a model given there is none to choose")
-        if not methods.spec(method).bo_limit_network:
+        if not takes_limit_network(method, laplace_form):
+            hint = " (laplace_form='bounded' takes its limit's)" if method == "laplace" else ""
             raise ValueError(f"activations: the default surrogate of {method!r} is an erf network (its MethodSpec.bo_limit_network "
-                             "is false), whose activation the calibration does not choose")
+                             f"is false){hint}, whose activation the calibration does not choose")
         try:
             activations = checked_activations(activations)
         except ValueError as error:  # named by this function's argument, not the fit's
             raise ValueError(f"activations: {error}") from None
-    if laplace_form not in ("joint", "samples"):
-        raise ValueError(f"laplace_form must be 'joint' or 'samples', got {laplace_form!r}")
     if not 0.0 < float(warm_fraction) <= 1.0:
         raise ValueError(f"warm_fraction must be in (0, 1], got {warm_fraction!r}")
     train_X, train_Y = _check_xy(train_X, train_Y)
@@ -694,6 +726,14 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
         merged.setdefault("progress", False)
     return SurrogateFit(method, model, merged, num_samples, seed, float(warm_fraction), laplace_form, train_X, train_Y,
                         input_transform, outcome_transform, calibrate=calibrate, activations=activations)
+
+
+def takes_limit_network(method: str, laplace_form: str = "bounded") -> bool:
+    """Whether ``method``'s default surrogate's network is its limit's whole network (the
+    activation and constant mean its calibration chose, among ``activations``): its
+    ``MethodSpec.bo_limit_network``, or Laplace's ``"bounded"`` form (its default with the
+    default model), whose spread is bounded by that limit's posterior."""
+    return methods.spec(method).bo_limit_network or (method == "laplace" and laplace_form == "bounded")
 
 
 def _parameters(method) -> tuple:
@@ -730,7 +770,8 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
     method = methods.spec(record.method)
     calibration, calibration_seconds = None, 0.0
     if record.calibrate:  # the prior and noise chosen by these data (empirical Bayes), at every fit
-        if not method.bo_limit_network:
+        limit_network = takes_limit_network(record.method, record.laplace_form)
+        if not limit_network:
             activation = dict(activation="erf")
         else:  # the limit's network: the activation the calibration chooses, among the default's or the record's
             activation = {} if record.activations is None else dict(activation=record.activations)
@@ -738,7 +779,7 @@ def _fit_result(record: SurrogateFit, train_X, train_Y, previous=None):
         calibration = calibration_fit(x, y, depth=infinite_width_of(record.model).depth, **activation,
                                       warm_start=record.calibration if from_previous else None)
         calibration_seconds = time.perf_counter() - start
-        model = finite_model(calibration, width=_width(record.model), output_mean=method.bo_limit_network, dtype=model.dtype)
+        model = finite_model(calibration, width=_width(record.model), output_mean=limit_network, dtype=model.dtype)
     y_fit = y.reshape(-1) if y.shape[-1] == 1 and _one_output(model, x) else y
     options = dict(record.options)
     options.setdefault("seed", record.seed)
@@ -759,8 +800,10 @@ def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
     """Fit ``record``'s method to ``(train_X, train_Y)`` (original units), from ``previous``'s
     posterior when given, and wrap the result."""
     result, new, input_transform, outcome_transform = _fit_result(record, train_X, train_Y, previous)
-    if record.method == "laplace" and record.laplace_form == "joint":
-        return LaplaceSurrogate(result, train_X, train_Y, input_transform=input_transform, outcome_transform=outcome_transform, _record=new)
+    if record.method == "laplace" and record.laplace_form in ("joint", "bounded"):
+        bound = new.calibration if record.laplace_form == "bounded" else None
+        return LaplaceSurrogate(result, train_X, train_Y, input_transform=input_transform, outcome_transform=outcome_transform,
+                                spread_bound=bound, _record=new)
     return PosteriorSurrogate(result, train_X, train_Y, num_samples=record.num_samples, seed=record.seed,
                               input_transform=input_transform, outcome_transform=outcome_transform,
                               linearized=record.method == "laplace", _record=new)
