@@ -486,32 +486,38 @@ def test_the_methods_with_bo_limit_network_fit_their_calibrated_limits_whole_net
     assert_is_the_calibrations_whole_network(fit_surrogate(X, Y, method, options=QUICK[method], num_samples=4))
 
 
-def test_laplaces_default_surrogate_is_bounded_by_its_calibration():
+@pytest.mark.parametrize("outcomes", [1, 2])
+def test_laplaces_default_surrogate_is_bounded_by_its_calibration(outcomes):
     """With the default model Laplace's form is "bounded": the calibration's whole network, and
     the joint form's covariance C with each point's standard deviation lowered to at most the
     calibration's posterior standard deviation, D C D with D = min(1, sd_GP / sqrt(diag C)), so
     the correlations are C's (on these data the bound binds at some points of a grid over the
     square: down to 0.72 of the joint form's standard deviation); a warm refit keeps the form.
-    With a model given the form is "joint"."""
+    With two outcomes the covariance is point-major over (point, outcome), as the bound's
+    variances are. With a model given the form is "joint"."""
     X, Y = data()
+    if outcomes == 2:
+        Y = torch.cat([Y, -Y ** 2 / 50], -1)
     s = fit_surrogate(X, Y, "laplace", options=QUICK["laplace"], num_samples=4)
     assert s.fit_record.laplace_form == "bounded" and s.spread_bound is s.fit_record.calibration
-    assert_is_the_calibrations_whole_network(s)
+    if outcomes == 1:
+        assert_is_the_calibrations_whole_network(s)
     g = torch.linspace(0, 1, 5, dtype=torch.float64)
     x = torch.cartesian_prod(g, g).reshape(5, 5, D)  # five batches of five points
     bounded = s.posterior(x).distribution.covariance_matrix.detach()
     bound, s.spread_bound = s.spread_bound, None
     joint = s.posterior(x).distribution.covariance_matrix.detach()  # the same fit's joint form
     s.spread_bound = bound
-    std = float(s.outcome_transform.stdvs)
-    limit_sd = bound.posterior(x).variance.detach().squeeze(-1).sqrt() * std  # the calibration's units are the standardized outcomes
+    std = s.outcome_transform.stdvs.reshape(-1)
+    # the calibration's units are the standardized outcomes; (5, 5, m) to point-major (5, 5 m)
+    limit_sd = (bound.posterior(x).variance.detach().sqrt() * std).reshape(5, 5 * outcomes)
     d = (limit_sd / joint.diagonal(dim1=-2, dim2=-1).sqrt()).clamp(max=1.0)
-    torch.testing.assert_close(bounded, d.unsqueeze(-1) * joint * d.unsqueeze(-2), rtol=1e-6, atol=1e-9 * std**2)
+    torch.testing.assert_close(bounded, d.unsqueeze(-1) * joint * d.unsqueeze(-2), rtol=1e-6, atol=1e-9 * float(std.max()) ** 2)
     assert bool((bounded.diagonal(dim1=-2, dim2=-1).sqrt() <= limit_sd * (1 + 1e-6) + 1e-9).all())
     assert float(d.min()) < 0.9  # the bound binds somewhere
     again = s.refit(X[:2] + 0.01, Y[:2], warm=True)
     assert again.warm and again.spread_bound is again.fit_record.calibration is not bound
-    given = fit_surrogate(X, Y, "laplace", model=default_model(D, 1), options=QUICK["laplace"], num_samples=4)
+    given = fit_surrogate(X, Y, "laplace", model=default_model(D, outcomes), options=QUICK["laplace"], num_samples=4)
     assert given.fit_record.laplace_form == "joint" and given.spread_bound is None
 
 
