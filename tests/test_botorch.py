@@ -517,6 +517,8 @@ def test_laplaces_default_surrogate_is_bounded_by_its_calibration(outcomes):
     assert float(d.min()) < 0.9  # the bound binds somewhere
     again = s.refit(X[:2] + 0.01, Y[:2], warm=True)
     assert again.warm and again.spread_bound is again.fit_record.calibration is not bound
+    with pytest.raises(TypeError, match="spread_bound must be a BoTorch Model"):
+        LaplaceSurrogate(s.result, X, Y, spread_bound=object())
     given = fit_surrogate(X, Y, "laplace", model=default_model(D, outcomes), options=QUICK["laplace"], num_samples=4)
     assert given.fit_record.laplace_form == "joint" and given.spread_bound is None
 

@@ -421,6 +421,8 @@ class LaplaceSurrogate(Surrogate, Model):
         if result.approximation is None:
             raise ValueError("this Laplace result was loaded from a file and has no curvature: use "
                              "PosteriorSurrogate(result, ..., linearized=True) (its draws), or refit")
+        if spread_bound is not None and not isinstance(spread_bound, Model):
+            raise TypeError(f"spread_bound must be a BoTorch Model (a GP in the network's units), got {type(spread_bound).__name__}")
         super().__init__()
         _check_regression(result.model)
         train_X, train_Y = _check_xy(train_X, train_Y)
