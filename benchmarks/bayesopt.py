@@ -41,6 +41,7 @@ import resource
 import subprocess
 import sys
 import time
+import warnings
 
 import torch
 
@@ -190,17 +191,30 @@ def laplace_form_model(form, X, Y, seed, settings, budget, previous=None):
     return PosteriorSurrogate(model.result, X, Y, num_samples=settings["num_samples"], seed=seed, outcome_transform=model.outcome_transform)
 
 
-def next_batch(model, X, settings, prune_baseline=True):
+def next_batch(model, X, settings, prune_baseline=True, stats=None):
     """The batch of ``settings["q"]`` points on the unit cube that maximizes qLogNEI under
     ``model`` with ``X`` as its baseline, by ``optimize_acqf`` with the budget's ``num_restarts``
-    and ``raw_samples``."""
+    and ``raw_samples``. ``stats``, a dict when given, receives ``evaluations`` (the acquisition's
+    forward calls, each over a batch of candidate sets) and ``retried`` (whether ``optimize_acqf``
+    warned that L-BFGS-B failed and started again from new initial conditions)."""
     from botorch.acquisition.logei import qLogNoisyExpectedImprovement
     from botorch.optim import optimize_acqf
 
     d = X.shape[-1]
     bounds = torch.stack([torch.zeros(d, dtype=X.dtype), torch.ones(d, dtype=X.dtype)])
     acq = qLogNoisyExpectedImprovement(model, X_baseline=X, prune_baseline=prune_baseline)
-    candidates, _ = optimize_acqf(acq, bounds=bounds, q=settings["q"], num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
+    if stats is None:
+        candidates, _ = optimize_acqf(acq, bounds=bounds, q=settings["q"], num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
+        return candidates.detach()
+    calls = [0]
+    acq.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        candidates, _ = optimize_acqf(acq, bounds=bounds, q=settings["q"], num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
+    for w in caught:  # issued again, under the caller's filters
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    stats["evaluations"] = calls[0]
+    stats["retried"] = any("Trying again with a new set of initial conditions" in str(w.message) for w in caught)
     return candidates.detach()
 
 

@@ -14,8 +14,10 @@ step and by a warm ``refit`` after, with ``bayesopt.py``'s options for the budge
 qLogNEI's batch of ``q`` with ``bayesopt.py``'s settings, and then add the next ``q`` points of a
 second Sobol sequence (the same points for every surrogate: what a step costs depends on how
 many points there are, not on which). Per problem and surrogate it prints the median fit and
-acquisition seconds over the steps (``bayesopt.py``'s statistic) and the step's ratio to the GP's;
-the last line is one JSON object. Torch and the BLAS and OpenMP libraries run on ``--threads``
+acquisition seconds over the steps (``bayesopt.py``'s statistic), the step's ratio to the GP's,
+the median number of the acquisition's evaluations and the steps at which L-BFGS-B failed and
+``optimize_acqf`` started again from new initial conditions (which about doubles a step's
+acquisition); the last line is one JSON object. Torch and the BLAS and OpenMP libraries run on ``--threads``
 threads (1, as ``bayesopt.py``'s runs).
 """
 
@@ -43,41 +45,49 @@ ALSO = ["laplace:joint"]
 BOUND = 3.0
 
 
-def run(name, methods, design, budget, steps):
-    """Every surrogate's fit and acquisition seconds at each step of one design of ``name``."""
+def run(name, methods, design, budget, steps, activations=None):
+    """Every surrogate's fit and acquisition seconds at each step of one design of ``name``
+    (``activations``: those the calibrations choose among, as ``bayesopt.py --activations``)."""
     from torch.quasirandom import SobolEngine
 
-    settings = bayesopt.QUICK if budget == "quick" else bayesopt.FULL
+    settings = dict(bayesopt.QUICK if budget == "quick" else bayesopt.FULL)
+    if activations is not None:
+        settings["activations"] = activations
     p = problem(name)
     X = SobolEngine(p.d, scramble=True, seed=design).draw(settings["n_init"]).to(torch.float64)
     more = SobolEngine(p.d, scramble=True, seed=10_000 + design)
     Y = p.f(X)
     order = ["gp"] + methods
     models = dict.fromkeys(order)  # each surrogate's fit at the step before (None: none yet)
-    times = {m: {"fit": [], "acquisition": [], "n": []} for m in order}
+    times = {m: {"fit": [], "acquisition": [], "n": [], "evaluations": [], "retried": []} for m in order}
     for k in range(steps):
         for m in order[k % len(order):] + order[: k % len(order)]:
             t0 = time.perf_counter()
             models[m] = bayesopt.fit_model(m, X, Y, design, settings, budget, previous=models[m])
             t1 = time.perf_counter()
             torch.manual_seed(design)
-            bayesopt.next_batch(models[m], X, settings)
+            stats = {}
+            bayesopt.next_batch(models[m], X, settings, stats=stats)
             times[m]["fit"].append(t1 - t0)
             times[m]["acquisition"].append(time.perf_counter() - t1)
             times[m]["n"].append(X.shape[0])
+            times[m]["evaluations"].append(stats["evaluations"])
+            times[m]["retried"].append(stats["retried"])
         new = more.draw(settings["q"]).to(torch.float64)
         X, Y = torch.cat([X, new]), torch.cat([Y, p.f(new)])
     return times
 
 
 def summarize(times):
-    """Per surrogate: median fit and acquisition seconds over the steps and the step's ratio to
-    the GP's (medians' sums, as ``bayesopt.py`` forms it)."""
+    """Per surrogate: median fit and acquisition seconds over the steps, the step's ratio to the
+    GP's (medians' sums, as ``bayesopt.py`` forms it), the median number of acquisition
+    evaluations and the steps whose L-BFGS-B failed and ``optimize_acqf`` started again."""
     gp = statistics.median(times["gp"]["fit"]) + statistics.median(times["gp"]["acquisition"])
     out = {}
     for m, t in times.items():
         fit, acq = statistics.median(t["fit"]), statistics.median(t["acquisition"])
-        out[m] = dict(fit=round(fit, 4), acquisition=round(acq, 4), ratio_to_gp=round((fit + acq) / gp, 3))
+        out[m] = dict(fit=round(fit, 4), acquisition=round(acq, 4), ratio_to_gp=round((fit + acq) / gp, 3),
+                      evaluations=statistics.median(t["evaluations"]), retried_steps=sum(t["retried"]))
     return out
 
 
@@ -88,6 +98,8 @@ def main(argv=None):
     parser.add_argument("--methods", nargs="+", default=None, help="default: " + " ".join(SURROGATES) + " (the GP always runs)")
     parser.add_argument("--designs", type=int, default=1, help="Sobol designs (seeds 0, 1, ...) per problem")
     parser.add_argument("--threads", type=int, default=1, help="torch's and the BLAS/OpenMP libraries' threads")
+    parser.add_argument("--activations", nargs="+", default=None, choices=bayesopt.ACTIVATIONS,
+                        help="the activations the calibrations choose among (default: erf and ReLU), as bayesopt.py's")
     args = parser.parse_args(argv)
     if args.designs < 1:
         parser.error(f"--designs must be at least 1, got {args.designs}")
@@ -112,20 +124,23 @@ def main(argv=None):
     with threadpool_limits(args.threads):
         for name in problems:
             for design in range(args.designs):
-                times = run(name, methods, design, budget, steps)
+                times = run(name, methods, design, budget, steps, args.activations and list(dict.fromkeys(args.activations)))
                 records.append(dict(problem=name, design=design, times=times))
                 summary = summarize(times)
                 results.setdefault(name, []).append(summary)
-                print(f"\n{name}, design {design}: median seconds per step (fit + acquisition), ratio to the GP's step")
+                print(f"\n{name}, design {design}: median seconds per step (fit + acquisition), ratio to the GP's step, "
+                      f"median acquisition evaluations, steps whose optimizer started again")
                 for m, s in summary.items():
-                    print(f"  {m:15s} {s['fit']:7.2f} + {s['acquisition']:6.2f} s   {s['ratio_to_gp']:5.2f}x", flush=True)
+                    print(f"  {m:15s} {s['fit']:7.2f} + {s['acquisition']:6.2f} s   {s['ratio_to_gp']:5.2f}x   "
+                          f"{s['evaluations']:5.0f} evaluations   {s['retried_steps']}/{steps} retried", flush=True)
     worst = {}
     for m in methods:
         ratios = {p: statistics.median(s[m]["ratio_to_gp"] for s in rows) for p, rows in results.items()}
         p = max(ratios, key=ratios.get)
         worst[m] = dict(problem=p, ratio=ratios[p], within_bound=ratios[p] <= BOUND)
         print(f"  [{'yes' if ratios[p] <= BOUND else ' no'}] {m}: a step at most {BOUND:g}x the GP's (at worst {ratios[p]:.2f}x, {p})")
-    print(json.dumps(dict(settings=dict(problems=problems, methods=methods, designs=args.designs, budget=budget, steps=steps, threads=args.threads),
+    print(json.dumps(dict(settings=dict(problems=problems, methods=methods, designs=args.designs, budget=budget, steps=steps, threads=args.threads,
+                                        activations=args.activations),
                           records=records, summary=results, worst=worst)))
 
 

@@ -7,8 +7,10 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -190,6 +192,55 @@ def test_bo_step_cost_benchmark_times_every_surrogate_beside_the_gp(run_command)
         ratio = (statistics.median(times[m]["fit"]) + statistics.median(times[m]["acquisition"])) / gp
         assert report["summary"]["branin"][0][m]["ratio_to_gp"] == pytest.approx(ratio, abs=1e-3)
         assert report["worst"][m]["problem"] == "branin" and report["worst"][m]["within_bound"] == (report["worst"][m]["ratio"] <= 3)
+    for m, t in times.items():  # the optimizer's evaluations and restarts, per step and summarized
+        assert len(t["evaluations"]) == len(t["retried"]) == 3 and all(e >= 1 for e in t["evaluations"])
+        assert report["summary"]["branin"][0][m]["evaluations"] == statistics.median(t["evaluations"])
+        assert report["summary"]["branin"][0][m]["retried_steps"] == sum(t["retried"])
+
+
+def test_the_benchmarks_acquisition_reports_its_evaluations_and_a_failed_line_search():
+    """``next_batch(..., stats=...)`` counts the acquisition's forward calls and says whether
+    BoTorch's ``optimize_acqf`` started L-BFGS-B again after it failed (the cause of a step's
+    doubled acquisition; docs/bayesopt.md, "Why Laplace's acquisition takes more evaluations"): a
+    smooth quadratic is maximized at its peak without a restart; the same function with its
+    gradient's sign flipped fails the line search and is retried, with more evaluations."""
+    import importlib.util
+
+    from botorch.models.deterministic import GenericDeterministicModel
+
+    spec = importlib.util.spec_from_file_location("bayesopt_benchmark", os.path.join(ROOT, "benchmarks", "bayesopt.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    class Flipped(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return -grad
+
+    calls = {"smooth": 0, "flipped": 0}
+
+    def peak(name, identity):
+        def f(X):
+            calls[name] += 1
+            return -((identity(X) - 0.3) ** 2).sum(-1, keepdim=True)
+        return GenericDeterministicModel(f, num_outputs=1)
+
+    X = torch.rand(5, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    settings = dict(q=1, num_restarts=2, raw_samples=16)
+    stats = {}
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        smooth = bench.next_batch(peak("smooth", lambda x: x), X, settings, stats=stats)
+        assert stats["retried"] is False and 1 <= stats["evaluations"] <= calls["smooth"]
+        assert smooth == pytest.approx(torch.full((1, 2), 0.3, dtype=torch.float64), abs=1e-4)
+        flipped = {}
+        bench.next_batch(peak("flipped", Flipped.apply), X, settings, stats=flipped)
+    assert flipped["retried"] is True and stats["evaluations"] < flipped["evaluations"] <= calls["flipped"]
 
 
 def test_bo_warm_refits_benchmark_pairs_each_variant_with_the_registered_warm_start(run_command):
