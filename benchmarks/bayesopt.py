@@ -203,18 +203,19 @@ def next_batch(model, X, settings, prune_baseline=True, stats=None):
     d = X.shape[-1]
     bounds = torch.stack([torch.zeros(d, dtype=X.dtype), torch.ones(d, dtype=X.dtype)])
     acq = qLogNoisyExpectedImprovement(model, X_baseline=X, prune_baseline=prune_baseline)
-    if stats is None:
+    calls, caught = [0], []
+    if stats is not None:
+        acq.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    with warnings.catch_warnings(record=stats is not None) as recorded:
+        if stats is not None:
+            warnings.simplefilter("always")
         candidates, _ = optimize_acqf(acq, bounds=bounds, q=settings["q"], num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
-        return candidates.detach()
-    calls = [0]
-    acq.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        candidates, _ = optimize_acqf(acq, bounds=bounds, q=settings["q"], num_restarts=settings["num_restarts"], raw_samples=settings["raw_samples"])
+        caught = recorded or []
     for w in caught:  # issued again, under the caller's filters
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    stats["evaluations"] = calls[0]
-    stats["retried"] = any("Trying again with a new set of initial conditions" in str(w.message) for w in caught)
+    if stats is not None:
+        stats["evaluations"] = calls[0]
+        stats["retried"] = any("Trying again with a new set of initial conditions" in str(w.message) for w in caught)
     return candidates.detach()
 
 
