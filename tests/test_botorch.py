@@ -4,6 +4,7 @@ gradients in X, equal joint draws at repeated points, optimize_acqf with q=2, wa
 the numbers behind them: the members' mean is the network at the draws, the Laplace covariance is
 laplace-torch's joint GLM covariance, the outcome transform maps back to the original units."""
 
+import copy
 import inspect
 import math
 
@@ -232,6 +233,7 @@ def test_full_laplace_surrogate_with_two_outcomes_and_an_input_transform_is_lapl
     s = fit_surrogate(X, Y, "laplace", options=dict(QUICK["laplace"], hessian="full", tune_prior=False), num_samples=8,
                       input_transform=Normalize(D), laplace_form="joint")
     assert s._training_kernel() is not None  # the function-space path
+    assert s._closed_form() is not None  # its kernel in closed form: that is what is checked against laplace-torch
     x = torch.rand(2, 3, D, dtype=torch.float64) * 4 - 1
     cov = s.posterior(x).distribution.covariance_matrix  # (2, 6, 6), point-major over (point, outcome)
     la = s.result.approximation
@@ -243,6 +245,24 @@ def test_full_laplace_surrogate_with_two_outcomes_and_an_input_transform_is_lapl
         # rounding: the weight-space J Sigma J^T of a P x P inverse (condition number ~2e4 here)
         # cancels to variances ~1e-4 of the prior's, losing about 8 digits
         torch.testing.assert_close(cov[b], expected * scale[:, None] * scale[None, :], rtol=1e-7, atol=1e-10 * float(std.max()) ** 2)
+
+
+@pytest.mark.parametrize("kind", ["laplace", "laplace_bounded"])
+def test_laplace_surrogates_closed_form_is_its_jacobians(surrogates, kind):
+    """The posterior from the tangent kernel in closed form (the default perceptron) equals the
+    one from the Jacobians, mean, joint covariance and their gradients in X."""
+    s = surrogates[kind]
+    assert s._closed_form() is not None
+    by_jacobians = copy.copy(s)
+    by_jacobians._tangent = False  # as for a network without the form
+    x = torch.rand(3, 2, D, dtype=torch.float64, requires_grad=True)
+    values = []
+    for model in (s, by_jacobians):
+        p = model.posterior(x)
+        mean, cov = p.mean, p.distribution.covariance_matrix
+        values.append((mean, cov, torch.autograd.grad(mean.sum() + (cov * cov).sum(), x)[0]))
+    for closed, expected in zip(*values):
+        torch.testing.assert_close(closed, expected, rtol=1e-9, atol=1e-12)
 
 
 def test_laplace_samples_form_is_the_linearized_predictive(surrogates):

@@ -87,7 +87,9 @@ except ImportError as error:  # pragma: no cover - the optional extra is missing
     raise ImportError("pyrobnn.integrations.botorch needs BoTorch: pip install 'pyrobnn[bo]'") from error
 
 from pyrobnn import methods
-from pyrobnn.infer.modes.laplace import LaplacePosterior, function_space_posterior, linearized_outputs, parameter_jacobians
+from pyrobnn.infer.modes.laplace import (LaplacePosterior, effective_noise_variance, function_space_posterior, linearized_outputs,
+                                         parameter_jacobians)
+from pyrobnn.infer.modes.tangent_kernel import MLPTangentKernel, TangentKernelLaplace
 from pyrobnn.infer.results.protocol import Result
 from pyrobnn.models import BayesianModel
 from pyrobnn.integrations.infinite_width_gp import calibration_fit, checked_activations, finite_model
@@ -436,6 +438,7 @@ class LaplaceSurrogate(Surrogate, Model):
             self.outcome_transform = outcome_transform.eval()
         self._train_inputs = _network_inputs(input_transform, train_X)
         self._kernel = None
+        self._tangent = None  # the closed form's posterior; False where the network has not its form
         self.spread_bound = spread_bound
 
     def _mean_and_jacobians(self, x):
@@ -445,37 +448,24 @@ class LaplaceSurrogate(Surrogate, Model):
         return parameter_jacobians(result.map_net, {n: result.map_values[n] for n in result.covered_names}, x)
 
     def posterior(self, X, output_indices=None, observation_noise=False, posterior_transform=None, **kwargs):
-        """A Gaussian over the ``q`` points of each batch of ``X`` (``batch x q x d``), the
-        covariance computed for a chunk of batches at a time (:data:`JACOBIAN_CHUNK_BYTES`)."""
+        """A Gaussian over the ``q`` points of each batch of ``X`` (``batch x q x d``): for a
+        perceptron in function space, from the tangent kernel in closed form (:meth:`_closed_form`;
+        memory grows with ``b q (h + N) m``), else from the Jacobians, formed for a chunk of batches
+        at a time (:data:`JACOBIAN_CHUNK_BYTES`)."""
         self.eval()
         X = self.transform_inputs(X)
         model = self.result.model
         batch, (q, d) = X.shape[:-2], X.shape[-2:]
         flat = X.reshape(-1, q, d).to(model.dtype)
-        b = flat.shape[0]
-        weights = sum(self.result.map_values[n].numel() for n in self.result.covered_names)
-        m = self.num_outputs
-        per_batch = q * m * weights * flat.element_size()
-        chunk = max(1, JACOBIAN_CHUNK_BYTES // max(per_batch, 1))
-        la = self.result.approximation
-        means, covs = [], []
-        with eval_mode(model.net, self.result.map_net):
-            for i in range(0, b, chunk):
-                part = flat[i : i + chunk]
-                c = part.shape[0]
-                mean, Js = self._mean_and_jacobians(part.reshape(-1, d))
-                mean = _locations(model, mean)
-                Js = Js[:, :m]
-                Js = Js.reshape(c, q, m, -1)
-                kernel = self._training_kernel()
-                if kernel is not None:
-                    cov = kernel.posterior_covariance(Js.reshape(c, q * m, -1))
-                else:
-                    cov = _joint_covariances(la, Js.reshape(c, q * m, -1), self._full_covariance())
-                means.append(mean.reshape(c, q, m))
-                covs.append(cov)
-        mean = torch.cat(means).to(X.dtype)
-        cov = torch.cat(covs).to(X.dtype)
+        b, m = flat.shape[0], self.num_outputs
+        closed_form = self._closed_form()
+        if closed_form is not None:  # its layers behave alike in training and evaluation: no modes to set
+            outputs, cov = closed_form.predict(flat)
+            mean = _locations(model, outputs.reshape(b * q, -1)).reshape(b, q, m)
+        else:
+            with eval_mode(model.net, self.result.map_net):
+                mean, cov = self._from_jacobians(flat)
+        mean, cov = mean.to(X.dtype), cov.to(X.dtype)
         if self.spread_bound is not None:
             bound_x = flat.to(self.spread_bound.train_inputs[0].dtype)  # a float32 network's calibration is float64
             cov = _bounded_spread(cov, self.spread_bound.posterior(bound_x).variance.reshape(b, q * m).to(cov))
@@ -497,18 +487,48 @@ class LaplaceSurrogate(Surrogate, Model):
             raise UnsupportedError("output_indices: a Laplace surrogate's posterior covers all outcomes jointly")
         return posterior if posterior_transform is None else posterior_transform(posterior)
 
-    def _training_kernel(self):
-        """The full GGN's posterior in function space
-        (:class:`~pyrobnn.infer.modes.laplace.FunctionSpaceLaplace`), formed once
-        from the training Jacobians; ``None`` for another structure or likelihood, or from as
-        many training values as weights on (where the weight space is the cheaper form)."""
+    def _from_jacobians(self, flat):
+        """The mean ``(b, q, m)`` and joint covariances ``(b, q m, q m)`` at ``flat``
+        ``(b, q, d)`` from the Jacobians, a chunk of batches at a time."""
+        model, la = self.result.model, self.result.approximation
+        b, q, d = flat.shape
+        m = self.num_outputs
+        weights = sum(self.result.map_values[n].numel() for n in self.result.covered_names)
+        chunk = max(1, JACOBIAN_CHUNK_BYTES // max(q * m * weights * flat.element_size(), 1))
+        means, covs = [], []
+        for i in range(0, b, chunk):
+            part = flat[i : i + chunk]
+            c = part.shape[0]
+            mean, Js = self._mean_and_jacobians(part.reshape(-1, d))
+            Js = Js[:, :m].reshape(c, q * m, -1)
+            kernel = self._training_kernel()
+            if kernel is not None:
+                cov = kernel.posterior_covariance(Js)
+            else:
+                cov = _joint_covariances(la, Js, self._full_covariance())
+            means.append(_locations(model, mean).reshape(c, q, m))
+            covs.append(cov)
+        return torch.cat(means), torch.cat(covs)
+
+    def _in_function_space(self) -> bool:
+        """Whether the posterior is taken in function space: a full GGN under a Gaussian
+        likelihood, from fewer training values than weights (where the weight space is the
+        cheaper form)."""
         from laplace.baselaplace import FullLaplace
         from laplace.utils.enums import Likelihood
 
         la = self.result.approximation
         if not isinstance(la, FullLaplace) or la.likelihood != Likelihood.REGRESSION:
-            return None
-        if self._train_inputs.shape[0] * self.num_outputs >= la.n_params:  # the weight space is the cheaper form
+            return False
+        return self._train_inputs.shape[0] * self.num_outputs < la.n_params
+
+    def _training_kernel(self):
+        """The full GGN's posterior in function space
+        (:class:`~pyrobnn.infer.modes.laplace.FunctionSpaceLaplace`), formed once
+        from the training Jacobians; ``None`` for another structure or likelihood, or from as
+        many training values as weights on (where the weight space is the cheaper form)."""
+        la = self.result.approximation
+        if not self._in_function_space():
             return None
         if self._kernel is None:
             m = self.num_outputs
@@ -518,6 +538,27 @@ class LaplaceSurrogate(Surrogate, Model):
             J = J[:, :m].reshape(x.shape[0] * m, -1)
             self._kernel = function_space_posterior(la, J)
         return self._kernel
+
+    def _closed_form(self):
+        """The function-space posterior of :meth:`_training_kernel` with its kernel in closed form
+        (:class:`~pyrobnn.infer.modes.tangent_kernel.TangentKernelLaplace`), formed once; ``None``
+        where that posterior is not the form or the network is not a perceptron whose layers'
+        prior variances are one per weight matrix and bias (then the Jacobians are formed). The
+        same numbers; an acquisition's evaluation and its gradient without a reverse pass per point."""
+        if self._tangent is None:
+            la = self.result.approximation
+            if not self._in_function_space():
+                return None
+            result = self.result
+            point = {n: result.map_values[n].detach() for n in result.covered_names}
+            kernel = MLPTangentKernel.of(result.map_net, point, 1.0 / la.prior_precision_diag.detach().to(self.result.model.dtype))
+            if kernel is None:
+                self._tangent = False
+                return None
+            with eval_mode(result.model.net, result.map_net):
+                self._tangent = TangentKernelLaplace(kernel, self._train_inputs.to(result.model.dtype),
+                                                     effective_noise_variance(la), self.num_outputs)
+        return self._tangent or None
 
     def _full_covariance(self):
         """A full Laplace's weight-space posterior covariance, formed once (where the function
