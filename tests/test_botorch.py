@@ -20,7 +20,7 @@ from botorch.optim import optimize_acqf  # noqa: E402
 import pyrobnn  # noqa: E402
 from pyrobnn.infer.results.predictive import network_outputs  # noqa: E402
 from pyrobnn.infer.results.protocol import evenly_spaced  # noqa: E402
-from pyrobnn.integrations.botorch import DEFAULT_METHOD, BNNSurrogate, LaplaceSurrogate, PosteriorSurrogate, default_model, fit_surrogate  # noqa: E402
+from pyrobnn.integrations.botorch import DEFAULT_METHOD, BNNSurrogate, ExactGPVariance, LaplaceSurrogate, PosteriorSurrogate, default_model, fit_surrogate  # noqa: E402
 
 D = 2
 QUICK = {
@@ -263,6 +263,29 @@ def test_laplace_surrogates_closed_form_is_its_jacobians(surrogates, kind):
         values.append((mean, cov, torch.autograd.grad(mean.sum() + (cov * cov).sum(), x)[0]))
     for closed, expected in zip(*values):
         torch.testing.assert_close(closed, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_the_spread_bounds_variance_is_its_gps_posterior_variance(surrogates):
+    """The bounded form's cached variance of its calibration equals GPyTorch's posterior variance,
+    and so does its gradient in x."""
+    s = surrogates["laplace_bounded"]
+    gp = s.spread_bound
+    factor = ExactGPVariance.of(gp)
+    assert factor is not None
+    x = torch.rand(4, 3, D, dtype=torch.float64, requires_grad=True)
+    got = factor(x)
+    expected = gp.posterior(x).variance.squeeze(-1)
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+    weights = torch.rand(got.shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad((got * weights).sum(), x)[0], torch.autograd.grad((expected * weights).sum(), x)[0],
+                               rtol=1e-8, atol=1e-12)
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms.outcome import Standardize
+    X, Y = data()
+    Y = (Y - Y.mean()) / Y.std()
+    assert ExactGPVariance.of(SingleTaskGP(X, Y, outcome_transform=Standardize(1))) is None  # its posterior is in other units
+    assert ExactGPVariance.of(SingleTaskGP(X, torch.cat([Y, Y], -1), outcome_transform=None)) is None  # two outcomes
+    assert ExactGPVariance.of(SingleTaskGP(X, Y, outcome_transform=None)) is not None
 
 
 def test_laplace_samples_form_is_the_linearized_predictive(surrogates):

@@ -439,6 +439,7 @@ class LaplaceSurrogate(Surrogate, Model):
         self._train_inputs = _network_inputs(input_transform, train_X)
         self._kernel = None
         self._tangent = None  # the closed form's posterior; False where the network has not its form
+        self._bound_factor = None  # the spread bound's variance, factorized once; False where it is not an exact GP
         self.spread_bound = spread_bound
 
     def _mean_and_jacobians(self, x):
@@ -468,7 +469,7 @@ class LaplaceSurrogate(Surrogate, Model):
         mean, cov = mean.to(X.dtype), cov.to(X.dtype)
         if self.spread_bound is not None:
             bound_x = flat.to(self.spread_bound.train_inputs[0].dtype)  # a float32 network's calibration is float64
-            cov = _bounded_spread(cov, self.spread_bound.posterior(bound_x).variance.reshape(b, q * m).to(cov))
+            cov = _bounded_spread(cov, self._bound_variance(bound_x).reshape(b, q * m).to(cov))
         if isinstance(observation_noise, torch.Tensor):
             raise UnsupportedError("observation_noise as a tensor of variances is not supported: pass True for the model's own noise")
         if observation_noise:
@@ -486,6 +487,15 @@ class LaplaceSurrogate(Surrogate, Model):
         if output_indices is not None:
             raise UnsupportedError("output_indices: a Laplace surrogate's posterior covers all outcomes jointly")
         return posterior if posterior_transform is None else posterior_transform(posterior)
+
+    def _bound_variance(self, x):
+        """The spread bound's posterior variances at ``x`` ``(b, q, d)``: ``(b, q, m)``, from its
+        factorization formed once where it is a one-outcome exact GP (:class:`ExactGPVariance`)."""
+        if self._bound_factor is None:
+            self._bound_factor = ExactGPVariance.of(self.spread_bound) or False
+        if self._bound_factor:
+            return self._bound_factor(x).unsqueeze(-1)
+        return self.spread_bound.posterior(x).variance
 
     def _from_jacobians(self, flat):
         """The mean ``(b, q, m)`` and joint covariances ``(b, q m, q m)`` at ``flat``
@@ -578,6 +588,53 @@ class LaplaceSurrogate(Surrogate, Model):
         if result.latent_names:
             return result.map_values[result.latent_names[0]].detach() ** 2
         return result.model.likelihood.scale().detach() ** 2
+
+
+class ExactGPVariance:
+    r"""The posterior variance of an exact GP with Gaussian noise of one variance,
+    :math:`v(x) = k(x, x) - k_{xX} (K_{XX} + \sigma^2 I)^{-1} k_{Xx}`, with the Cholesky factor
+    of :math:`K_{XX} + \sigma^2 I` formed once: what ``gp.posterior(x).variance`` gives (GPyTorch's
+    floor on a variance rounded below it included), without forming the test points' joint
+    covariance or GPyTorch's lazy tensors at each call. :meth:`of` says whether ``gp`` has the form:
+    a one-outcome BoTorch ``SingleTaskGP`` without transforms."""
+
+    def __init__(self, gp):
+        from gpytorch import settings
+
+        self._kernel = gp.covar_module
+        self._train = gp.train_inputs[0]
+        with torch.no_grad():
+            k = _dense(self._kernel(self._train))
+            noise = gp.likelihood.noise.reshape(())
+            eye = torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
+            self._cholesky = torch.linalg.cholesky(k + noise * eye)
+        self._floor = settings.min_variance.value(k.dtype)
+
+    @classmethod
+    def of(cls, gp) -> Optional["ExactGPVariance"]:
+        from botorch.models import SingleTaskGP
+        from gpytorch.likelihoods import GaussianLikelihood as NoiseLikelihood
+        from gpytorch.likelihoods.noise_models import HomoskedasticNoise
+
+        if type(gp) is not SingleTaskGP or hasattr(gp, "input_transform") or hasattr(gp, "outcome_transform"):
+            return None
+        if gp.num_outputs != 1 or gp.train_inputs[0].dim() != 2 or len(gp.covar_module.batch_shape) != 0:
+            return None
+        if type(gp.likelihood) is not NoiseLikelihood or type(gp.likelihood.noise_covar) is not HomoskedasticNoise:
+            return None
+        return cls(gp)
+
+    def __call__(self, x) -> torch.Tensor:
+        """The variances at ``x`` ``(..., d)``: ``(...)``."""
+        flat = x.reshape(-1, x.shape[-1])
+        prior = _dense(self._kernel.forward(flat, flat, diag=True))
+        v = torch.linalg.solve_triangular(self._cholesky, _dense(self._kernel.forward(self._train, flat)), upper=False)
+        variance = prior - (v * v).sum(-2)
+        return torch.where(variance < self._floor, torch.full_like(variance, self._floor), variance).reshape(x.shape[:-1])
+
+
+def _dense(values) -> torch.Tensor:
+    return values.to_dense() if hasattr(values, "to_dense") else values
 
 
 def _bounded_spread(cov, variance):
