@@ -25,9 +25,11 @@ request) and its constant mean as an output offset. The surrogates:
   posterior covariance (full, diagonal or Kronecker-factored); a full GGN's with fewer training
   values than weights in function space, from the training Jacobians
   (:class:`~pyrobnn.infer.modes.laplace.FunctionSpaceLaplace`: exact, no ``P x P`` matrix at
-  prediction). The Jacobians are formed for a chunk of batches at a time, so memory grows with
-  ``b q P`` (``P`` weights) and never with :math:`(b q)^2` as a covariance over all ``b x q``
-  points would. With the default model the form is ``"bounded"``: the network is its
+  prediction), and for a perceptron (the default network) with the tangent kernel in closed form
+  (:class:`~pyrobnn.infer.modes.tangent_kernel.TangentKernelLaplace`: the same numbers without a
+  Jacobian, memory ``b q (h + N) m`` for width ``h``). Otherwise the Jacobians are formed for a
+  chunk of batches at a time, so memory grows with ``b q P`` (``P`` weights) and never with
+  :math:`(b q)^2` as a covariance over all ``b x q`` points would. With the default model the form is ``"bounded"``: the network is its
   calibration's whole network (as for the methods with ``MethodSpec.bo_limit_network``) and each
   point's standard deviation is at most the calibration's posterior standard deviation there,
   :math:`C \mapsto D C D`, :math:`D_{ii} = \min(1, \sigma_\infty(x_i) / \sqrt{C_{ii}})`, the
