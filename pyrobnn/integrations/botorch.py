@@ -452,7 +452,7 @@ class LaplaceSurrogate(Surrogate, Model):
 
     def posterior(self, X, output_indices=None, observation_noise=False, posterior_transform=None, **kwargs):
         """A Gaussian over the ``q`` points of each batch of ``X`` (``batch x q x d``): for a
-        perceptron in function space, from the tangent kernel in closed form (:meth:`_closed_form`;
+        perceptron in function space, from the tangent kernel in closed form (``_closed_form``;
         memory grows with ``b q (h + N) m``), else from the Jacobians, formed for a chunk of batches
         at a time (:data:`JACOBIAN_CHUNK_BYTES`)."""
         self.eval()
