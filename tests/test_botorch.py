@@ -250,19 +250,45 @@ def test_full_laplace_surrogate_with_two_outcomes_and_an_input_transform_is_lapl
 @pytest.mark.parametrize("kind", ["laplace", "laplace_bounded"])
 def test_laplace_surrogates_closed_form_is_its_jacobians(surrogates, kind):
     """The posterior from the tangent kernel in closed form (the default perceptron) equals the
-    one from the Jacobians, mean, joint covariance and their gradients in X."""
+    one from the Jacobians, mean, joint covariance and their gradients in X (without the bounded
+    form's smooth ReLU step, which the Jacobians do not take)."""
     s = surrogates[kind]
-    assert s._closed_form() is not None
-    by_jacobians = copy.copy(s)
+    X, Y = data()
+    exact = LaplaceSurrogate(s.result, X, Y, outcome_transform=copy.deepcopy(s.outcome_transform), spread_bound=s.spread_bound)
+    assert exact._closed_form() is not None
+    by_jacobians = copy.copy(exact)
     by_jacobians._tangent = False  # as for a network without the form
     x = torch.rand(3, 2, D, dtype=torch.float64, requires_grad=True)
     values = []
-    for model in (s, by_jacobians):
+    for model in (exact, by_jacobians):
         p = model.posterior(x)
         mean, cov = p.mean, p.distribution.covariance_matrix
         values.append((mean, cov, torch.autograd.grad(mean.sum() + (cov * cov).sum(), x)[0]))
     for closed, expected in zip(*values):
         torch.testing.assert_close(closed, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_the_bounded_form_smooths_relu_steps_and_a_bad_temperature_is_refused(surrogates):
+    from pyrobnn.integrations.botorch import RELU_TEMPERATURE
+
+    assert surrogates["laplace_bounded"].relu_temperature == RELU_TEMPERATURE
+    assert surrogates["laplace"].relu_temperature is None  # a given model's joint form is the exact linearization
+    X, Y = data()
+    s = surrogates["laplace"]
+    for bad in (0.0, -1.0, float("nan"), float("inf"), "0.1"):
+        with pytest.raises(ValueError, match="relu_temperature"):
+            LaplaceSurrogate(s.result, X, Y, relu_temperature=bad)
+    diag = fit_surrogate(X, Y, "laplace", options=dict(QUICK["laplace"], hessian="diag"), laplace_form="joint")
+    with pytest.raises(ValueError, match="relu_temperature smooths the closed-form"):  # no full GGN to smooth
+        LaplaceSurrogate(diag.result, X, Y, relu_temperature=0.1)
+    # more training values than weights (the weight space's turn): the smooth step is still taken, in closed form
+    small = fit_surrogate(X, Y, "laplace", model=default_model(D, 1, width=1), options=QUICK["laplace"])
+    assert small.result.approximation.n_params < X.shape[0] and small._closed_form() is None
+    smoothed = LaplaceSurrogate(small.result, X, Y, outcome_transform=copy.deepcopy(small.outcome_transform), relu_temperature=0.1)
+    x = torch.rand(4, 2, D, dtype=torch.float64)
+    # an erf network has no step to smooth: the closed form at N > P is the weight space's covariance
+    torch.testing.assert_close(smoothed.posterior(x).distribution.covariance_matrix, small.posterior(x).distribution.covariance_matrix,
+                               rtol=1e-7, atol=1e-10)
 
 
 def test_the_spread_bounds_variance_is_its_gps_posterior_variance(surrogates):

@@ -107,3 +107,32 @@ def test_networks_without_the_form_are_refused():
     variances[0] *= 2  # one weight of the first layer with its own prior variance
     assert MLPTangentKernel.of(net, point, variances) is None
     assert MLPTangentKernel.of(net, point, variances[:-1]) is None  # a variance missing
+
+
+def test_a_relu_temperature_makes_the_variance_continuous_and_tends_to_the_steps():
+    """With ReLU's slope a sigmoid at temperature tau the kernel's diagonal along a segment has no
+    jumps (the steps' jumps where a unit turns on or off are gone), and as tau -> 0 it is the
+    steps' kernel again."""
+    net = perceptron(nn.ReLU)
+    point, variances = point_and_variances(net)
+    steps = MLPTangentKernel.of(net, point, variances)
+    t = torch.linspace(0, 1, 4001, dtype=torch.float64)[:, None]
+    x = torch.tensor([[-1.0, -0.5, -1.0]], dtype=torch.float64) * (1 - t) + torch.tensor([[2.0, 1.5, 2.0]], dtype=torch.float64) * t
+
+    def diagonal(kernel):  # K(x, x) at each point: each point its own batch of one
+        _, f = kernel.features(x)
+        batched = [(u.unsqueeze(1), g.unsqueeze(1), s_w, s_b) for u, g, s_w, s_b in f]
+        return kernel.kernel(batched, batched)[:, 0, 0]
+
+    jumps = diagonal(steps).diff().abs()
+    smooth = diagonal(MLPTangentKernel.of(net, point, variances, relu_temperature=0.1)).diff().abs()
+    # the steps' largest jump is a unit's contribution; the smooth kernel's neighbours differ by its slope times 1/4000
+    assert jumps.max() > 20 * smooth.max()
+    g = torch.Generator().manual_seed(5)
+    xa = torch.rand(6, 3, generator=g, dtype=torch.float64)
+    _, fa = steps.features(xa)
+    _, fc = MLPTangentKernel.of(net, point, variances, relu_temperature=1e-9).features(xa)
+    torch.testing.assert_close(MLPTangentKernel.kernel(fc, fc), MLPTangentKernel.kernel(fa, fa), rtol=1e-10, atol=1e-12)
+    for bad in (0.0, -0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="relu_temperature"):
+            MLPTangentKernel.of(net, point, variances, relu_temperature=bad)

@@ -65,6 +65,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import math
 import time
 from typing import Optional
 
@@ -102,8 +103,16 @@ from pyrobnn.utils.modes import eval_mode
 
 __all__ = [
     "Surrogate", "PosteriorSurrogate", "LaplaceSurrogate", "BNNSurrogate", "fit_surrogate", "site_order", "default_model",
-    "JACOBIAN_CHUNK_BYTES", "DEFAULT_METHOD", "takes_limit_network",
+    "JACOBIAN_CHUNK_BYTES", "DEFAULT_METHOD", "takes_limit_network", "ExactGPVariance", "RELU_TEMPERATURE",
 ]
+
+#: the temperature of the smooth step through which the ``"bounded"`` Laplace surrogate
+#: linearizes its ReLU units (:class:`LaplaceSurrogate`'s ``relu_temperature``), in the units of
+#: their pre-activations, whose prior scale the calibration sets near 1: with steps, qLogNEI's
+#: L-BFGS-B failed its line search and started again at 22 of 24 steps (docs/bayesopt.md, "Why
+#: Laplace's acquisition takes more evaluations"; this value's measurement in "Laplace's ReLU
+#: linearized through a smooth step")
+RELU_TEMPERATURE = 0.1
 
 #: the most bytes of Jacobians the joint Laplace covariance forms at once (a chunk of batches)
 JACOBIAN_CHUNK_BYTES = 64 << 20
@@ -409,17 +418,24 @@ class PosteriorSurrogate(Surrogate, EnsembleModel):
 
 
 class LaplaceSurrogate(Surrogate, Model):
-    """The Laplace approximation's linearized predictive as BoTorch's ``GPyTorchPosterior``, with
+    r"""The Laplace approximation's linearized predictive as BoTorch's ``GPyTorchPosterior``, with
     the joint covariance over each batch's points (the module docstring gives the math). Needs the
     fitted laplace-torch object: a result fitted in this session, not a reloaded one.
 
     ``spread_bound``, a GP in the network's units (inputs as the network sees them, outcomes
     transformed), bounds each point's standard deviation by that GP's posterior standard
     deviation there (the correlations kept; ``fit_surrogate``'s ``"bounded"`` form passes the
-    calibration, the network's infinite-width limit fitted to the same data)."""
+    calibration, the network's infinite-width limit fitted to the same data).
+
+    ``relu_temperature`` :math:`\tau` (for a perceptron, whose tangent kernel is taken in closed
+    form): its ReLU units' slopes in the linearization are :math:`\mathrm{sigmoid}(z/\tau)`, a
+    softplus's, instead of steps, so the variance is continuous in ``X`` (with steps it jumps
+    wherever a unit turns on or off, and an acquisition's L-BFGS-B line search fails there); the
+    mean is the ReLU network's. ``fit_surrogate``'s ``"bounded"`` form passes
+    :data:`RELU_TEMPERATURE`."""
 
     def __init__(self, result: LaplacePosterior, train_X, train_Y, *, input_transform=None, outcome_transform=None,
-                 spread_bound=None, _record: SurrogateFit = None):
+                 spread_bound=None, relu_temperature: Optional[float] = None, _record: SurrogateFit = None):
         if not isinstance(result, LaplacePosterior):
             raise TypeError(f"result must be a LaplacePosterior, got {type(result).__name__}")
         if result.approximation is None:
@@ -443,6 +459,13 @@ class LaplaceSurrogate(Surrogate, Model):
         self._tangent = None  # the closed form's posterior; False where the network has not its form
         self._bound_factor = None  # the spread bound's variance, factorized once; False where it is not an exact GP
         self.spread_bound = spread_bound
+        self.relu_temperature = relu_temperature
+        if relu_temperature is not None:
+            if not (isinstance(relu_temperature, (int, float)) and 0 < relu_temperature < math.inf):
+                raise ValueError(f"relu_temperature must be a positive finite number, got {relu_temperature!r}")
+            if self._closed_form() is None:
+                raise ValueError("relu_temperature smooths the closed-form tangent kernel of a perceptron's full GGN posterior "
+                                 "under a Gaussian likelihood; this network or posterior has not that form")
 
     def _mean_and_jacobians(self, x):
         """``f(x, w_MAP)`` ``(n, m)`` and the Jacobians ``(n, m, P)`` in the covered weights, in
@@ -522,17 +545,19 @@ class LaplaceSurrogate(Surrogate, Model):
             covs.append(cov)
         return torch.cat(means), torch.cat(covs)
 
-    def _in_function_space(self) -> bool:
-        """Whether the posterior is taken in function space: a full GGN under a Gaussian
-        likelihood, from fewer training values than weights (where the weight space is the
-        cheaper form)."""
+    def _full_regression_ggn(self) -> bool:
+        """Whether the posterior is a full GGN's under a Gaussian likelihood."""
         from laplace.baselaplace import FullLaplace
         from laplace.utils.enums import Likelihood
 
         la = self.result.approximation
-        if not isinstance(la, FullLaplace) or la.likelihood != Likelihood.REGRESSION:
-            return False
-        return self._train_inputs.shape[0] * self.num_outputs < la.n_params
+        return isinstance(la, FullLaplace) and la.likelihood == Likelihood.REGRESSION
+
+    def _in_function_space(self) -> bool:
+        """Whether the posterior is taken in function space: a full GGN under a Gaussian
+        likelihood, from fewer training values than weights (where the weight space is the
+        cheaper form)."""
+        return self._full_regression_ggn() and self._train_inputs.shape[0] * self.num_outputs < self.result.approximation.n_params
 
     def _training_kernel(self):
         """The full GGN's posterior in function space
@@ -556,20 +581,20 @@ class LaplaceSurrogate(Surrogate, Model):
         (:class:`~pyrobnn.infer.modes.tangent_kernel.TangentKernelLaplace`), formed once; ``None``
         where that posterior is not the form or the network is not a perceptron whose layers'
         prior variances are one per weight matrix and bias (then the Jacobians are formed). The
-        same numbers; an acquisition's evaluation and its gradient without a reverse pass per point."""
+        same numbers; an acquisition's evaluation and its gradient without a reverse pass per
+        point. With a ``relu_temperature`` it is taken from as many training values as weights
+        too (an ``N x N`` Cholesky once), the one form that has the smooth step."""
         if self._tangent is None:
-            la = self.result.approximation
-            if not self._in_function_space():
-                return None
-            result = self.result
-            point = {n: result.map_values[n].detach() for n in result.covered_names}
-            kernel = MLPTangentKernel.of(result.map_net, point, 1.0 / la.prior_precision_diag.detach().to(self.result.model.dtype))
-            if kernel is None:
-                self._tangent = False
-                return None
-            with eval_mode(result.model.net, result.map_net):
-                self._tangent = TangentKernelLaplace(kernel, self._train_inputs.to(result.model.dtype),
-                                                     effective_noise_variance(la), self.num_outputs)
+            self._tangent = False
+            if self._in_function_space() or (self.relu_temperature is not None and self._full_regression_ggn()):
+                result, la = self.result, self.result.approximation
+                point = {n: result.map_values[n].detach() for n in result.covered_names}
+                kernel = MLPTangentKernel.of(result.map_net, point, 1.0 / la.prior_precision_diag.detach().to(result.model.dtype),
+                                             relu_temperature=self.relu_temperature)
+                if kernel is not None:
+                    with eval_mode(result.model.net, result.map_net):
+                        self._tangent = TangentKernelLaplace(kernel, self._train_inputs.to(result.model.dtype),
+                                                             effective_noise_variance(la), self.num_outputs)
         return self._tangent or None
 
     def _full_covariance(self):
@@ -906,7 +931,8 @@ def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
     if record.method == "laplace" and record.laplace_form in ("joint", "bounded"):
         bound = new.calibration if record.laplace_form == "bounded" else None
         return LaplaceSurrogate(result, train_X, train_Y, input_transform=input_transform, outcome_transform=outcome_transform,
-                                spread_bound=bound, _record=new)
+                                spread_bound=bound, relu_temperature=RELU_TEMPERATURE if record.laplace_form == "bounded" else None,
+                                _record=new)
     return PosteriorSurrogate(result, train_X, train_Y, num_samples=record.num_samples, seed=record.seed,
                               input_transform=input_transform, outcome_transform=outcome_transform,
                               linearized=record.method == "laplace", _record=new)

@@ -55,15 +55,24 @@ class MLPTangentKernel:
     of the covered parameters; the others as they are in ``net``), each covered parameter tensor
     with one prior variance. Build it with :meth:`of`, which says whether ``net`` has the form."""
 
-    def __init__(self, inputs, layers, activations, outputs):
+    def __init__(self, inputs, layers, activations, outputs, relu_temperature=None):
         self._inputs, self._layers, self._activations, self._outputs = inputs, layers, activations, outputs
+        self._relu_temperature = relu_temperature
 
     @classmethod
-    def of(cls, net: nn.Module, point: dict, prior_variance: torch.Tensor) -> Optional["MLPTangentKernel"]:
-        """The kernel of ``net`` at ``point`` under the prior variances ``prior_variance`` (one per
+    def of(cls, net: nn.Module, point: dict, prior_variance: torch.Tensor, *,
+           relu_temperature: Optional[float] = None) -> Optional["MLPTangentKernel"]:
+        r"""The kernel of ``net`` at ``point`` under the prior variances ``prior_variance`` (one per
         weight, in ``point``'s order, flattened), or ``None`` when ``net`` is not such a perceptron
         (another module, a parameter outside the ``Linear`` layers, a layer's weights with several
-        prior variances): then the Jacobians are the way."""
+        prior variances): then the Jacobians are the way.
+
+        ``relu_temperature`` :math:`\tau`: a ReLU's slope is taken as :math:`\mathrm{sigmoid}(z /
+        \tau)`, the slope of :math:`\tau \log(1 + e^{z/\tau})`, instead of its step: the kernel of
+        the network with that smooth ReLU in its Jacobian (the network's values unchanged),
+        continuous in the inputs where the step makes it jump wherever a unit turns on or off."""
+        if relu_temperature is not None and not (float(relu_temperature) > 0 and math.isfinite(float(relu_temperature))):
+            raise ValueError(f"relu_temperature must be positive and finite, got {relu_temperature!r}")
         if not isinstance(net, nn.Sequential):
             return None
         modules = list(net.named_children())
@@ -98,7 +107,8 @@ class MLPTangentKernel:
             bias_covered = layer.bias is not None and b_name in variances
             layers.append((weight, point.get(b_name, layer.bias).detach() if layer.bias is not None else None,
                            variances.get(w_name), variances.get(b_name) if bias_covered else None))
-        return cls([m for _, m in modules[:first]], layers, between, [m for _, m in modules[last + 1 :]])
+        return cls([m for _, m in modules[:first]], layers, between, [m for _, m in modules[last + 1 :]],
+                   None if relu_temperature is None else float(relu_temperature))
 
     def features(self, x, outputs: Optional[int] = None):
         """``f(x)`` ``(n, m_all)`` and, per layer with covered weights, its inputs ``u_l`` ``(n, h_in)``,
@@ -114,7 +124,10 @@ class MLPTangentKernel:
             if i < len(self._activations):
                 activation = self._activations[i]
                 derivative = DERIVATIVES.get(type(activation))
-                if derivative is not None:
+                if self._relu_temperature is not None and type(activation) is nn.ReLU:
+                    slopes.append(torch.sigmoid(z / self._relu_temperature))
+                    u = activation(z)
+                elif derivative is not None:
                     slopes.append(derivative(z))
                     u = activation(z)
                 else:
