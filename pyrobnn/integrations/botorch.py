@@ -29,16 +29,19 @@ request) and its constant mean as an output offset. The surrogates:
   (:class:`~pyrobnn.infer.modes.tangent_kernel.TangentKernelLaplace`: the same numbers without a
   Jacobian, memory ``b q (h + N) m`` for width ``h``). Otherwise the Jacobians are formed for a
   chunk of batches at a time, so memory grows with ``b q P`` (``P`` weights) and never with
-  :math:`(b q)^2` as a covariance over all ``b x q`` points would. With the default model the form is ``"bounded"``: the network is its
-  calibration's whole network (as for the methods with ``MethodSpec.bo_limit_network``) and each
-  point's standard deviation is at most the calibration's posterior standard deviation there,
+  :math:`(b q)^2` as a covariance over all ``b x q`` points would. With the default model the
+  form is ``"bounded"``: the network is its calibration's whole network (as for the methods with
+  ``MethodSpec.bo_limit_network``) and each point's standard deviation is at most the
+  calibration's posterior standard deviation there,
   :math:`C \mapsto D C D`, :math:`D_{ii} = \min(1, \sigma_\infty(x_i) / \sqrt{C_{ii}})`, the
   correlations :math:`J \Sigma J^\top`'s. The linearized network's standard deviation at the
   cube's corners, which 20-40 points inform little through the MAP's Jacobian, was 1.7-2.2x its
   value inside the cube and qLogNEI spent its batches there; the infinite-width limit's
   posterior under the same prior, which is exact, grew 1.0-1.5x (docs/bayesopt.md, "Laplace's
-  spread bounded by its limit's"). ``laplace_form="samples"``
-  gives the linearized predictive at the result's weight draws as an ensemble instead.
+  spread bounded by its limit's"); its ReLU units are linearized through a smooth step
+  (:data:`RELU_TEMPERATURE`), so that its variance does not jump where a unit turns on or off,
+  where an acquisition's line search failed. ``laplace_form="samples"`` gives the linearized
+  predictive at the result's weight draws as an ensemble instead.
 
 ``condition_on_observations(X, Y)`` (and ``surrogate.refit(X, Y)``) refits on the old
 and new data **warm-started** from the previous posterior (each method's
@@ -110,8 +113,8 @@ __all__ = [
 #: linearizes its ReLU units (:class:`LaplaceSurrogate`'s ``relu_temperature``), in the units of
 #: their pre-activations, whose prior scale the calibration sets near 1: with steps, qLogNEI's
 #: L-BFGS-B failed its line search and started again at 22 of 24 steps (docs/bayesopt.md, "Why
-#: Laplace's acquisition takes more evaluations"; this value's measurement in "Laplace's ReLU
-#: linearized through a smooth step")
+#: Laplace's acquisition takes more evaluations"; this value's measurement in "Laplace's
+#: acquisition without Jacobians or jumps")
 RELU_TEMPERATURE = 0.1
 
 #: the most bytes of Jacobians the joint Laplace covariance forms at once (a chunk of batches)

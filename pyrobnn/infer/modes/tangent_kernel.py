@@ -41,7 +41,7 @@ __all__ = ["MLPTangentKernel", "TangentKernelLaplace"]
 ELEMENTWISE = (Erf, Cos, nn.ReLU, nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.ELU, nn.Softplus, nn.LeakyReLU)
 
 #: the derivatives written out (autograd's values: ReLU's slope 0 at 0), for the activations of
-#: pyrobnn's surrogates; the others' by forward-mode differentiation, about twice the time
+#: pyrobnn's surrogates; the others' by forward-mode differentiation (slower: a functorch transform per call)
 DERIVATIVES = {
     Erf: lambda z: (2.0 / math.sqrt(math.pi)) * torch.exp(-z * z),
     nn.ReLU: lambda z: (z > 0).to(z.dtype),
