@@ -281,6 +281,10 @@ def test_the_bounded_form_smooths_relu_steps_and_a_bad_temperature_is_refused(su
     diag = fit_surrogate(X, Y, "laplace", options=dict(QUICK["laplace"], hessian="diag"), laplace_form="joint")
     with pytest.raises(ValueError, match="relu_temperature smooths the closed-form"):  # no full GGN to smooth
         LaplaceSurrogate(diag.result, X, Y, relu_temperature=0.1)
+    # the bounded form with another Hessian keeps the steps (its Jacobians), and fits
+    kron = fit_surrogate(X, Y, "laplace", options=dict(QUICK["laplace"], hessian="kron"))
+    assert kron.fit_record.laplace_form == "bounded" and kron.relu_temperature is None
+    assert torch.isfinite(kron.posterior(torch.rand(3, 2, D, dtype=torch.float64)).variance).all()
     # more training values than weights (the weight space's turn): the smooth step is still taken, in closed form
     small = fit_surrogate(X, Y, "laplace", model=default_model(D, 1, width=1), options=QUICK["laplace"])
     assert small.result.approximation.n_params < X.shape[0] and small._closed_form() is None

@@ -548,19 +548,12 @@ class LaplaceSurrogate(Surrogate, Model):
             covs.append(cov)
         return torch.cat(means), torch.cat(covs)
 
-    def _full_regression_ggn(self) -> bool:
-        """Whether the posterior is a full GGN's under a Gaussian likelihood."""
-        from laplace.baselaplace import FullLaplace
-        from laplace.utils.enums import Likelihood
-
-        la = self.result.approximation
-        return isinstance(la, FullLaplace) and la.likelihood == Likelihood.REGRESSION
-
     def _in_function_space(self) -> bool:
         """Whether the posterior is taken in function space: a full GGN under a Gaussian
         likelihood, from fewer training values than weights (where the weight space is the
         cheaper form)."""
-        return self._full_regression_ggn() and self._train_inputs.shape[0] * self.num_outputs < self.result.approximation.n_params
+        la = self.result.approximation
+        return _full_regression_ggn(la) and self._train_inputs.shape[0] * self.num_outputs < la.n_params
 
     def _training_kernel(self):
         """The full GGN's posterior in function space
@@ -589,11 +582,9 @@ class LaplaceSurrogate(Surrogate, Model):
         too (an ``N x N`` Cholesky once), the one form that has the smooth step."""
         if self._tangent is None:
             self._tangent = False
-            if self._in_function_space() or (self.relu_temperature is not None and self._full_regression_ggn()):
-                result, la = self.result, self.result.approximation
-                point = {n: result.map_values[n].detach() for n in result.covered_names}
-                kernel = MLPTangentKernel.of(result.map_net, point, 1.0 / la.prior_precision_diag.detach().to(result.model.dtype),
-                                             relu_temperature=self.relu_temperature)
+            result, la = self.result, self.result.approximation
+            if self._in_function_space() or (self.relu_temperature is not None and _full_regression_ggn(la)):
+                kernel = _perceptron_kernel(result, self.relu_temperature)
                 if kernel is not None:
                     with eval_mode(result.model.net, result.map_net):
                         self._tangent = TangentKernelLaplace(kernel, self._train_inputs.to(result.model.dtype),
@@ -618,6 +609,23 @@ class LaplaceSurrogate(Surrogate, Model):
         if result.latent_names:
             return result.map_values[result.latent_names[0]].detach() ** 2
         return result.model.likelihood.scale().detach() ** 2
+
+
+def _full_regression_ggn(la) -> bool:
+    """Whether the laplace-torch approximation ``la`` is a full GGN under a Gaussian likelihood."""
+    from laplace.baselaplace import FullLaplace
+    from laplace.utils.enums import Likelihood
+
+    return isinstance(la, FullLaplace) and la.likelihood == Likelihood.REGRESSION
+
+
+def _perceptron_kernel(result: LaplacePosterior, relu_temperature=None):
+    """The closed-form tangent kernel of ``result``'s network at its MAP under its prior
+    precisions (:meth:`MLPTangentKernel.of`), or ``None`` where the network is not a perceptron."""
+    la = result.approximation
+    point = {n: result.map_values[n].detach() for n in result.covered_names}
+    return MLPTangentKernel.of(result.map_net, point, 1.0 / la.prior_precision_diag.detach().to(result.model.dtype),
+                               relu_temperature=relu_temperature)
 
 
 class ExactGPVariance:
@@ -799,7 +807,8 @@ def fit_surrogate(
     :param laplace_form: for ``method="laplace"``: ``"bounded"`` (the default with the default
         model: a :class:`LaplaceSurrogate` whose standard deviation at each point is at most its
         calibration's posterior standard deviation there, the network its calibration's whole
-        network), ``"joint"`` (the default with a given model: a :class:`LaplaceSurrogate`,
+        network, its ReLU units linearized through a smooth step, :data:`RELU_TEMPERATURE`, where
+        the posterior is a full GGN), ``"joint"`` (the default with a given model: a :class:`LaplaceSurrogate`,
         Gaussian with laplace-torch's joint covariance) or ``"samples"`` (a
         :class:`PosteriorSurrogate` over the linearized predictive at the result's draws).
     :param activations: for the default model of a method whose ``MethodSpec.bo_limit_network``
@@ -933,9 +942,11 @@ def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
     result, new, input_transform, outcome_transform = _fit_result(record, train_X, train_Y, previous)
     if record.method == "laplace" and record.laplace_form in ("joint", "bounded"):
         bound = new.calibration if record.laplace_form == "bounded" else None
+        # the bounded form's smooth ReLU step, where its posterior has the closed form it smooths (a full GGN over the
+        # default perceptron; with another Hessian the steps stay)
+        smooth = bound is not None and _full_regression_ggn(result.approximation) and _perceptron_kernel(result) is not None
         return LaplaceSurrogate(result, train_X, train_Y, input_transform=input_transform, outcome_transform=outcome_transform,
-                                spread_bound=bound, relu_temperature=RELU_TEMPERATURE if record.laplace_form == "bounded" else None,
-                                _record=new)
+                                spread_bound=bound, relu_temperature=RELU_TEMPERATURE if smooth else None, _record=new)
     return PosteriorSurrogate(result, train_X, train_Y, num_samples=record.num_samples, seed=record.seed,
                               input_transform=input_transform, outcome_transform=outcome_transform,
                               linearized=record.method == "laplace", _record=new)
