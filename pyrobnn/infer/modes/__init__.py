@@ -9,6 +9,6 @@ from pyrobnn.infer.modes.laplace import LaplacePosterior, laplace
 from pyrobnn.infer.modes.swag import SWAGMoments, SWAGPosterior, swag, swag_moments
 
 __all__ = [
-    "deep_ensemble", "EnsemblePosterior", "member_initializations", "train_members",
+    "deep_ensemble", "EnsemblePosterior", "train_members",
     "laplace", "LaplacePosterior", "swag", "SWAGPosterior", "SWAGMoments", "swag_moments",
 ]
