@@ -942,9 +942,9 @@ def _fit(record: SurrogateFit, train_X, train_Y, previous=None):
     result, new, input_transform, outcome_transform = _fit_result(record, train_X, train_Y, previous)
     if record.method == "laplace" and record.laplace_form in ("joint", "bounded"):
         bound = new.calibration if record.laplace_form == "bounded" else None
-        # the bounded form's smooth ReLU step, where its posterior has the closed form it smooths (a full GGN over the
-        # default perceptron; with another Hessian the steps stay)
-        smooth = bound is not None and _full_regression_ggn(result.approximation) and _perceptron_kernel(result) is not None
+        # the bounded form's smooth ReLU step, where its posterior has the closed form it smooths: a full GGN (its network
+        # is always the default perceptron); with another Hessian the steps stay
+        smooth = bound is not None and _full_regression_ggn(result.approximation)
         return LaplaceSurrogate(result, train_X, train_Y, input_transform=input_transform, outcome_transform=outcome_transform,
                                 spread_bound=bound, relu_temperature=RELU_TEMPERATURE if smooth else None, _record=new)
     return PosteriorSurrogate(result, train_X, train_Y, num_samples=record.num_samples, seed=record.seed,

@@ -55,9 +55,8 @@ class MLPTangentKernel:
     of the covered parameters; the others as they are in ``net``), each covered parameter tensor
     with one prior variance. Build it with :meth:`of`, which says whether ``net`` has the form."""
 
-    def __init__(self, inputs, layers, activations, outputs, relu_temperature=None):
-        self._inputs, self._layers, self._activations, self._outputs = inputs, layers, activations, outputs
-        self._relu_temperature = relu_temperature
+    def __init__(self, inputs, layers, steps, outputs):
+        self._inputs, self._layers, self._steps, self._outputs = inputs, layers, steps, outputs
 
     @classmethod
     def of(cls, net: nn.Module, point: dict, prior_variance: torch.Tensor, *,
@@ -107,8 +106,8 @@ class MLPTangentKernel:
             bias_covered = layer.bias is not None and b_name in variances
             layers.append((weight, point.get(b_name, layer.bias).detach() if layer.bias is not None else None,
                            variances.get(w_name), variances.get(b_name) if bias_covered else None))
-        return cls([m for _, m in modules[:first]], layers, between, [m for _, m in modules[last + 1 :]],
-                   None if relu_temperature is None else float(relu_temperature))
+        steps = [_value_and_slope(m, None if relu_temperature is None else float(relu_temperature)) for m in between]
+        return cls([m for _, m in modules[:first]], layers, steps, [m for _, m in modules[last + 1 :]])
 
     def features(self, x, outputs: Optional[int] = None):
         """``f(x)`` ``(n, m_all)`` and, per layer with covered weights, its inputs ``u_l`` ``(n, h_in)``,
@@ -121,18 +120,9 @@ class MLPTangentKernel:
         for i, (weight, bias, _, _) in enumerate(self._layers):
             inputs.append(u)
             z = torch.nn.functional.linear(u, weight, bias)
-            if i < len(self._activations):
-                activation = self._activations[i]
-                derivative = DERIVATIVES.get(type(activation))
-                if self._relu_temperature is not None and type(activation) is nn.ReLU:
-                    slopes.append(torch.sigmoid(z / self._relu_temperature))
-                    u = activation(z)
-                elif derivative is not None:
-                    slopes.append(derivative(z))
-                    u = activation(z)
-                else:
-                    u, slope = torch.func.jvp(activation, (z,), (torch.ones_like(z),))
-                    slopes.append(slope)
+            if i < len(self._steps):
+                u, slope = self._steps[i](z)
+                slopes.append(slope)
             else:
                 u = z
         mean = u
@@ -167,6 +157,25 @@ class MLPTangentKernel:
             total = term if total is None else total + term
         *batch, n_a, m, n_b, _ = total.shape
         return total.reshape(*batch, n_a * m, n_b * m)
+
+
+def _value_and_slope(activation, relu_temperature):
+    """``z -> (activation(z), its slope at z)`` for an elementwise activation, chosen once: a ReLU's
+    smooth step at ``relu_temperature`` when given, a written-out derivative
+    (:data:`DERIVATIVES`), else forward-mode differentiation."""
+    if relu_temperature is not None and type(activation) is nn.ReLU:
+        def slope(z):
+            return torch.sigmoid(z / relu_temperature)
+    elif type(activation) in DERIVATIVES:
+        slope = DERIVATIVES[type(activation)]
+    else:
+        return lambda z: torch.func.jvp(activation, (z,), (torch.ones_like(z),))
+
+    def step(z):
+        s = slope(z)  # before the activation, which may act in place
+        return activation(z), s
+
+    return step
 
 
 class TangentKernelLaplace:
