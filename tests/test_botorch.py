@@ -316,6 +316,8 @@ def test_the_spread_bounds_variance_is_its_gps_posterior_variance(surrogates):
     assert ExactGPVariance.of(SingleTaskGP(X, Y, outcome_transform=Standardize(1))) is None  # its posterior is in other units
     assert ExactGPVariance.of(SingleTaskGP(X, torch.cat([Y, Y], -1), outcome_transform=None)) is None  # two outcomes
     assert ExactGPVariance.of(SingleTaskGP(X, Y, outcome_transform=None)) is not None
+    with pytest.raises(ValueError, match=r"x must be \(\.\.\., 2\)"):
+        factor(torch.rand(4, 3, dtype=torch.float64))
 
 
 def test_laplace_samples_form_is_the_linearized_predictive(surrogates):

@@ -136,3 +136,30 @@ def test_a_relu_temperature_makes_the_variance_continuous_and_tends_to_the_steps
     for bad in (0.0, -0.1, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="relu_temperature"):
             MLPTangentKernel.of(net, point, variances, relu_temperature=bad)
+
+
+def test_bad_inputs_are_refused_naming_the_argument():
+    net = perceptron(Erf)
+    point, variances = point_and_variances(net)
+    kernel = MLPTangentKernel.of(net, point, variances)
+    with pytest.raises(ValueError, match=r"x must be \(n, 3\)"):
+        kernel.features(torch.rand(4, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"x must be \(n, 3\)"):
+        kernel.features(torch.rand(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="outputs must be an int from 1"):
+        kernel.features(torch.rand(4, 3, dtype=torch.float64), outputs=2)
+    train = torch.rand(5, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="train_x has NaN"):
+        TangentKernelLaplace(kernel, torch.cat([train, torch.full((1, 3), float("nan"), dtype=torch.float64)]), 0.1, outputs=1)
+    for noise in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="noise_variance must be positive"):
+            TangentKernelLaplace(kernel, train, noise, outputs=1)
+    closed = TangentKernelLaplace(kernel, train, 0.1, outputs=1)
+    with pytest.raises(ValueError, match=r"x must be \(c, q, d\)"):
+        closed.predict(torch.rand(4, 3, dtype=torch.float64))
+    # no training points: the posterior is the prior, K(x, x)
+    empty = TangentKernelLaplace(kernel, train[:0], 0.1, outputs=1)
+    x = torch.rand(2, 3, 3, dtype=torch.float64)
+    _, f = kernel.features(x.reshape(6, 3))
+    batched = [(u.reshape(2, 3, -1), g.reshape(2, 3, *g.shape[1:]), a, b) for u, g, a, b in f]
+    torch.testing.assert_close(empty.predict(x)[1], kernel.kernel(batched, batched), rtol=1e-12, atol=1e-14)

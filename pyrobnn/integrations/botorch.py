@@ -664,6 +664,9 @@ class ExactGPVariance:
 
     def __call__(self, x) -> torch.Tensor:
         """The variances at ``x`` ``(..., d)``: ``(...)``."""
+        d = self._train.shape[-1]
+        if x.dim() == 0 or x.shape[-1] != d:
+            raise ValueError(f"x must be (..., {d}): points by the GP's {d} inputs, got shape {tuple(x.shape)}")
         flat = x.reshape(-1, x.shape[-1])
         prior = _dense(self._kernel.forward(flat, flat, diag=True))
         v = torch.linalg.solve_triangular(self._cholesky, _dense(self._kernel.forward(self._train, flat)), upper=False)

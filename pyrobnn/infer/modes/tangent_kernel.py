@@ -113,6 +113,12 @@ class MLPTangentKernel:
         """``f(x)`` ``(n, m_all)`` and, per layer with covered weights, its inputs ``u_l`` ``(n, h_in)``,
         gradients ``g_l`` ``(n, m, h_out)`` for the first ``outputs`` outputs (all by default) and
         prior variances: the factors of :meth:`kernel`, differentiable in ``x``."""
+        d = self._layers[0][0].shape[1]
+        if x.dim() != 2 or x.shape[-1] != d:
+            raise ValueError(f"x must be (n, {d}): points by the network's {d} inputs, got shape {tuple(x.shape)}")
+        total = self._layers[-1][0].shape[0]
+        if outputs is not None and not (isinstance(outputs, int) and 1 <= outputs <= total):
+            raise ValueError(f"outputs must be an int from 1 to the network's {total} outputs, got {outputs!r}")
         for module in self._inputs:
             x = module(x)
         inputs, slopes = [], []
@@ -187,6 +193,11 @@ class TangentKernelLaplace:
     heteroscedastic network's location half)."""
 
     def __init__(self, kernel: MLPTangentKernel, train_x, noise_variance, outputs: int):
+        if not bool(torch.isfinite(train_x).all()):
+            raise ValueError("train_x has NaN or infinite values")
+        noise = float(noise_variance)
+        if not (noise > 0 and math.isfinite(noise)):
+            raise ValueError(f"noise_variance must be positive and finite, got {noise_variance!r}")
         self.tangent, self.outputs = kernel, outputs
         with torch.no_grad():
             _, self.train = kernel.features(train_x, outputs)
@@ -197,6 +208,8 @@ class TangentKernelLaplace:
     def predict(self, x):
         """For ``x`` ``(c, q, d)``: the network's outputs ``(c, q, m_all)`` and each batch's joint
         covariance over its ``q`` points' covered outputs ``(c, q m, q m)``."""
+        if x.dim() != 3:
+            raise ValueError(f"x must be (c, q, d): batches of q points, got shape {tuple(x.shape)}")
         c, q, d = x.shape
         mean, factors = self.tangent.features(x.reshape(c * q, d), self.outputs)
         batched = [(u.reshape(c, q, -1), g.reshape(c, q, *g.shape[1:]), s_w, s_b) for u, g, s_w, s_b in factors]
