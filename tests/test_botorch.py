@@ -320,6 +320,23 @@ def test_the_spread_bounds_variance_is_its_gps_posterior_variance(surrogates):
         factor(torch.rand(4, 3, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("activation", ["erf", "relu", "cos"])
+def test_the_spread_bounds_variance_with_the_infinite_width_kernel_is_gpytorchs(activation):
+    """With pyrobnn's infinite-width kernel (a calibration of each activation, one input scale
+    per feature) the cached variance takes the kernel's two parts from one pass over its layers;
+    it is still GPyTorch's posterior variance, value and gradient."""
+    from pyrobnn.integrations.infinite_width_gp import calibration_fit
+
+    X, Y = data()
+    gp = calibration_fit(X, (Y - Y.mean()) / Y.std(), activation=activation, ard=True)
+    factor = ExactGPVariance.of(gp)
+    assert factor is not None and factor._against_train is not None
+    x = torch.rand(3, 4, D, dtype=torch.float64, requires_grad=True)
+    got, expected = factor(x), gp.posterior(x).variance.squeeze(-1)
+    torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(expected.sum(), x)[0], rtol=1e-8, atol=1e-12)
+
+
 def test_laplace_samples_form_is_the_linearized_predictive(surrogates):
     s = surrogates["laplace_samples"]
     x = torch.rand(5, D, dtype=torch.float64)

@@ -421,6 +421,46 @@ def test_the_kernel_of_inputs_against_themselves_is_the_general_one(activation, 
     torch.testing.assert_close(nngp_covariance(z, **scales), nngp_covariance(z, z, **scales), rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("activation", ["erf", "relu", "cos"])
+def test_the_variance_form_is_the_expectation_at_equal_inputs(activation):
+    """``activation_variance(k)`` is ``activation_expectation(k, k, k)``, value and derivative,
+    from small to large variances (the ReLU's arc-cosine form is evaluated at correlation 1)."""
+    from pyrobnn.models.infinite_width import activation_variance
+
+    k = torch.tensor([1e-6, 0.05, 0.7, 3.0, 40.0], dtype=torch.float64, requires_grad=True)
+    short, general = activation_variance(activation, k), activation_expectation(activation, k, k, k)
+    torch.testing.assert_close(short, general, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(torch.autograd.grad(short.sum(), k)[0], torch.autograd.grad(general.sum(), k)[0], rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        activation_variance("tanh", k)
+
+
+@pytest.mark.parametrize("activation", ["erf", "relu", "cos"])
+def test_the_cross_covariance_with_fixed_points_is_the_kernels(activation):
+    """``NNGPCrossCovariance(network, points)(x)`` is the network's covariance at ``x`` (diagonal)
+    and between ``x`` and the points, with their gradients in ``x``; inputs of the wrong shape are
+    refused, naming the argument."""
+    from pyrobnn.models.infinite_width import NNGPCrossCovariance
+
+    g = torch.Generator().manual_seed(3)
+    d = 4
+    network = InfiniteWidthMLP(activation, (1.0, 1.3, 0.8, 1.1), (0.4, 0.2, 0.3, 0.5),
+                               torch.rand(d, generator=g, dtype=torch.float64), 0.5 + torch.rand(d, generator=g, dtype=torch.float64))
+    points = torch.rand(9, d, generator=g, dtype=torch.float64)
+    x = torch.rand(6, d, generator=g, dtype=torch.float64, requires_grad=True)
+    variances, cross = NNGPCrossCovariance(network, points)(x)
+    expected_variances, expected_cross = network.covariance(x, diag=True), network.covariance(x, points)
+    torch.testing.assert_close(variances, expected_variances, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(cross, expected_cross, rtol=1e-12, atol=1e-14)
+    w = torch.rand(6, 9, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(variances.sum() + (cross * w).sum(), x)[0]
+    torch.testing.assert_close(got, torch.autograd.grad(expected_variances.sum() + (expected_cross * w).sum(), x)[0], rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match=r"points must be \(N, 4\)"):
+        NNGPCrossCovariance(network, points[:, :3])
+    with pytest.raises(ValueError, match=r"x must be \(n, 4\)"):
+        NNGPCrossCovariance(network, points)(x[None])
+
+
 @pytest.mark.parametrize("activations, ard, outcomes, depth", [
     (("erf", "relu"), True, 1, 2), (("erf", "relu", "cos"), False, 1, 1), (("relu",), True, 2, 3), (("cos", "erf"), False, 2, 2),
     (("erf", "relu"), None, 1, 2), (("relu", "cos"), None, 2, 1)])

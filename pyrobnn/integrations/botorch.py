@@ -98,9 +98,9 @@ from pyrobnn.infer.modes.laplace import (LaplacePosterior, effective_noise_varia
 from pyrobnn.infer.modes.tangent_kernel import MLPTangentKernel, TangentKernelLaplace
 from pyrobnn.infer.results.protocol import Result
 from pyrobnn.models import BayesianModel
-from pyrobnn.integrations.infinite_width_gp import calibration_fit, checked_activations, finite_model
+from pyrobnn.integrations.infinite_width_gp import InfiniteWidthKernel, calibration_fit, checked_activations, finite_model
 from pyrobnn.models.functional import call_with_weights
-from pyrobnn.models.infinite_width import InfiniteWidthMLP, infinite_width_of
+from pyrobnn.models.infinite_width import InfiniteWidthMLP, NNGPCrossCovariance, infinite_width_of
 from pyrobnn.models.likelihoods import GaussianLikelihood, HeteroscedasticGaussianLikelihood
 from pyrobnn.utils.modes import eval_mode
 
@@ -634,7 +634,12 @@ class ExactGPVariance:
     of :math:`K_{XX} + \sigma^2 I` formed once: what ``gp.posterior(x).variance`` gives (GPyTorch's
     floor on a variance rounded below it included), without forming the test points' joint
     covariance or GPyTorch's lazy tensors at each call. :meth:`of` says whether ``gp`` has the form:
-    a one-outcome BoTorch ``SingleTaskGP`` without transforms."""
+    a one-outcome BoTorch ``SingleTaskGP`` without transforms. With pyrobnn's infinite-width kernel
+    (the calibration's) the kernel's two parts, :math:`k(x, x)` and :math:`k_{xX}`, come from one
+    pass over its layers with the training inputs' layer variances formed once
+    (:class:`~pyrobnn.models.infinite_width.NNGPCrossCovariance`): a call and its gradient 2.4
+    times faster at a ReLU calibration of 30 points (``docs/bayesopt.md``, "Laplace's step within
+    3x of the GP's")."""
 
     def __init__(self, gp):
         from gpytorch import settings
@@ -647,6 +652,9 @@ class ExactGPVariance:
             eye = torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
             self._cholesky = torch.linalg.cholesky(k + noise * eye)
         self._floor = settings.min_variance.value(k.dtype)
+        self._against_train = None
+        if type(self._kernel) is InfiniteWidthKernel:  # not a subclass: a batch of kernels is another function
+            self._against_train = NNGPCrossCovariance(self._kernel.network(), self._train)
 
     @classmethod
     def of(cls, gp) -> Optional["ExactGPVariance"]:
@@ -668,8 +676,13 @@ class ExactGPVariance:
         if x.dim() == 0 or x.shape[-1] != d:
             raise ValueError(f"x must be (..., {d}): points by the GP's {d} inputs, got shape {tuple(x.shape)}")
         flat = x.reshape(-1, x.shape[-1])
-        prior = _dense(self._kernel.forward(flat, flat, diag=True))
-        v = torch.linalg.solve_triangular(self._cholesky, _dense(self._kernel.forward(self._train, flat)), upper=False)
+        if self._against_train is not None:
+            prior, cross = self._against_train(flat)
+            cross = cross.T
+        else:
+            prior = _dense(self._kernel.forward(flat, flat, diag=True))
+            cross = _dense(self._kernel.forward(self._train, flat))
+        v = torch.linalg.solve_triangular(self._cholesky, cross, upper=False)
         variance = prior - (v * v).sum(-2)
         return torch.where(variance < self._floor, torch.full_like(variance, self._floor), variance).reshape(x.shape[:-1])
 

@@ -62,8 +62,8 @@ from torch import nn
 
 from pyrobnn.models.priors import NormalPrior
 
-__all__ = ["Erf", "Cos", "InputScaling", "OutputMean", "InfiniteWidthMLP", "nngp_covariance", "activation_expectation", "infinite_width_of",
-           "ACTIVATIONS", "COS_PHASE_SCALE"]
+__all__ = ["Erf", "Cos", "InputScaling", "OutputMean", "InfiniteWidthMLP", "NNGPCrossCovariance", "nngp_covariance",
+           "activation_expectation", "activation_variance", "infinite_width_of", "ACTIVATIONS", "COS_PHASE_SCALE"]
 
 #: the activations whose infinite-width expectation has a closed form here
 ACTIVATIONS = ("erf", "relu", "cos")
@@ -177,6 +177,20 @@ def activation_expectation(activation: str, kxx, kxy, kyy):
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
+def activation_variance(activation: str, k):
+    r""":math:`\mathbb E[\phi(u)^2]` for :math:`u \sim N(0, k)`: :func:`activation_expectation` at
+    :math:`k_{xx} = k_{xy} = k_{yy} = k`, in its simpler closed form: :math:`k/2` (ReLU),
+    :math:`\frac{2}{\pi}\arcsin\frac{2k}{1 + 2k}` (erf), :math:`\tfrac12(1 + e^{-2k})` (cos).
+    A layer's variances, at a third of the general form's operations."""
+    if activation == "relu":
+        return k / 2
+    if activation == "erf":
+        return (2 / math.pi) * torch.asin((2 * k / (1 + 2 * k)).clamp(max=1 - _CORRELATION_EDGE))
+    if activation == "cos":
+        return 0.5 * (1 + torch.exp(-2 * k))
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
 def nngp_covariance(z1, z2=None, *, activation: str, weight_scales, bias_scales, diag: bool = False):
     r"""The NNGP covariance of the network's outputs at scaled inputs ``z1`` ``(..., n, d)`` and
     ``z2`` ``(..., p, d)``: ``(..., n, p)``, or its diagonal ``(..., n)`` with ``diag`` (then
@@ -205,16 +219,56 @@ def nngp_covariance(z1, z2=None, *, activation: str, weight_scales, bias_scales,
     kxx = bv[..., 0] + wv[..., 0] * (z1 * z1).sum(-1) / d
     if diag:
         for w, b in zip(weight_scales[1:], bias_scales[1:]):
-            kxx = var(b)[..., 0] + var(w)[..., 0] * activation_expectation(activation, kxx, kxx, kxx)
+            kxx = var(b)[..., 0] + var(w)[..., 0] * activation_variance(activation, kxx)
         return kxx
     kyy = bv[..., 0] + wv[..., 0] * (z2 * z2).sum(-1) / d
     kxy = bv + wv * (z1 @ z2.transpose(-1, -2)) / d
     for w, b in zip(weight_scales[1:], bias_scales[1:]):
         wv, bv = var(w), var(b)
         kxy = bv + wv * activation_expectation(activation, kxx.unsqueeze(-1), kxy, kyy.unsqueeze(-2))
-        kxx = bv[..., 0] + wv[..., 0] * activation_expectation(activation, kxx, kxx, kxx)
-        kyy = bv[..., 0] + wv[..., 0] * activation_expectation(activation, kyy, kyy, kyy)
+        kxx = bv[..., 0] + wv[..., 0] * activation_variance(activation, kxx)
+        kyy = bv[..., 0] + wv[..., 0] * activation_variance(activation, kyy)
     return kxy
+
+
+class NNGPCrossCovariance:
+    r"""The NNGP covariance of ``network`` (an :class:`InfiniteWidthMLP`) between new inputs and
+    fixed ``points`` ``(N, d)``: the points' scaled inputs and per-layer variances
+    :math:`K_l(x', x')` are formed once, so that at new inputs :math:`x` a call computes
+    :math:`K_{L+1}(x, x)` and :math:`K_{L+1}(x, X)` in one pass over the layers, each layer's
+    :math:`K_l(x, x)` shared by both (what a GP's posterior variance at a fixed training set
+    needs: an acquisition evaluates it at every step of its optimizer). The network's scales are
+    numbers: nothing is differentiated but ``x``."""
+
+    def __init__(self, network: InfiniteWidthMLP, points: torch.Tensor):
+        d = network.input_center.numel()
+        if points.dim() != 2 or points.shape[-1] != d:
+            raise ValueError(f"points must be (N, {d}): points by the network's {d} inputs, got shape {tuple(points.shape)}")
+        self.activation = network.activation
+        self._weights = [w * w for w in network.weight_scales]
+        self._biases = [b * b for b in network.bias_scales]
+        self._center = network.input_center.to(points)
+        self._scale = network.input_scale.to(points)
+        self._points = (points - self._center) * self._scale
+        k = self._biases[0] + self._weights[0] * (self._points * self._points).sum(-1) / d
+        self._variances = [k]  # K_l(x', x') of each layer's pre-activations, first to last but one
+        for w, b in zip(self._weights[1:-1], self._biases[1:-1]):
+            k = b + w * activation_variance(self.activation, k)
+            self._variances.append(k)
+
+    def __call__(self, x):
+        """For ``x`` ``(n, d)``: the variances :math:`K(x_i, x_i)` ``(n,)`` and the covariances
+        :math:`K(x_i, x'_j)` with the points ``(n, N)``."""
+        d = self._points.shape[-1]
+        if x.dim() != 2 or x.shape[-1] != d:
+            raise ValueError(f"x must be (n, {d}): points by the network's {d} inputs, got shape {tuple(x.shape)}")
+        z = (x - self._center) * self._scale
+        kxx = self._biases[0] + self._weights[0] * (z * z).sum(-1) / d
+        kxy = self._biases[0] + self._weights[0] * (z @ self._points.T) / d
+        for w, b, kyy in zip(self._weights[1:], self._biases[1:], self._variances):
+            kxy = b + w * activation_expectation(self.activation, kxx.unsqueeze(-1), kxy, kyy.unsqueeze(-2))
+            kxx = b + w * activation_variance(self.activation, kxx)
+        return kxx, kxy
 
 
 @dataclasses.dataclass(frozen=True)
