@@ -153,16 +153,22 @@ class MLPTangentKernel:
         ``i m + k``), as the Jacobians ``(n m, P)`` are."""
         total = None
         for (u_a, g_a, s_w, s_b), (u_b, g_b, _, _) in zip(a, b):
-            grads = torch.einsum("...ikh,...jlh->...ikjl", g_a, g_b)  # (..., n_a, m, n_b, m)
-            scale = torch.zeros((), dtype=grads.dtype, device=grads.device)
+            *batch, n_a, m, h = g_a.shape
+            n_b = g_b.shape[-3]
+            # one matrix product per factor (an einsum's parsing and permutes cost as much at these sizes)
+            grads = g_a.reshape(*batch, n_a * m, h) @ g_b.reshape(*g_b.shape[:-3], n_b * m, h).transpose(-1, -2)
+            scale = None  # (..., n_a, n_b), or a number
             if s_w is not None:
-                scale = scale + s_w * (u_a @ u_b.transpose(-1, -2))  # (..., n_a, n_b)
+                scale = s_w * (u_a @ u_b.transpose(-1, -2))
             if s_b is not None:
-                scale = scale + s_b
-            term = grads * (scale[..., :, None, :, None] if scale.dim() else scale)
+                scale = s_b if scale is None else scale + s_b
+            if m > 1 and isinstance(scale, torch.Tensor) and scale.dim() >= 2:  # each point's m x m block by its pair's scale
+                *shape, _, _ = grads.shape
+                term = (grads.reshape(*shape, n_a, m, n_b, m) * scale[..., :, None, :, None]).reshape(grads.shape)
+            else:
+                term = grads * scale
             total = term if total is None else total + term
-        *batch, n_a, m, n_b, _ = total.shape
-        return total.reshape(*batch, n_a * m, n_b * m)
+        return total
 
 
 def _value_and_slope(activation, relu_temperature):
