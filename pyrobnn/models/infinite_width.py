@@ -48,7 +48,8 @@ input scaling and the output mean); it builds the finite network with its priors
 (:meth:`InfiniteWidthMLP.covariance`), so that hyperparameters fitted on the kernel by a GP's
 marginal likelihood are the prior of the finite network (:mod:`pyrobnn.integrations.botorch` does
 that for Bayesian optimization). :func:`infinite_width_of` reads the description back from a
-:class:`~pyrobnn.models.BayesianModel` built that way or by hand.
+:class:`~pyrobnn.models.BayesianModel` built that way or by hand. :class:`NNGPCrossCovariance`
+evaluates the covariance against fixed points (a GP's training inputs) at many new inputs.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def activation_variance(activation: str, k):
     r""":math:`\mathbb E[\phi(u)^2]` for :math:`u \sim N(0, k)`: :func:`activation_expectation` at
     :math:`k_{xx} = k_{xy} = k_{yy} = k`, in its simpler closed form: :math:`k/2` (ReLU),
     :math:`\frac{2}{\pi}\arcsin\frac{2k}{1 + 2k}` (erf), :math:`\tfrac12(1 + e^{-2k})` (cos).
-    A layer's variances, at a third of the general form's operations."""
+    A layer's variances, in fewer operations than the general form's."""
     if activation == "relu":
         return k / 2
     if activation == "erf":
@@ -249,7 +250,7 @@ class NNGPCrossCovariance:
         self._biases = [b * b for b in network.bias_scales]
         self._center = network.input_center.to(points)
         self._scale = network.input_scale.to(points)
-        self._points = (points - self._center) * self._scale
+        self._points = (points.detach() - self._center) * self._scale
         k = self._biases[0] + self._weights[0] * (self._points * self._points).sum(-1) / d
         self._variances = [k]  # K_l(x', x') of each layer's pre-activations, first to last but one
         for w, b in zip(self._weights[1:-1], self._biases[1:-1]):
