@@ -299,6 +299,22 @@ def test_a_float64_models_full_curvature_is_formed_in_float64():
     torch.testing.assert_close(result.approximation.posterior_precision, precision, rtol=1e-12, atol=0)
 
 
+def test_a_full_laplace_allocates_its_hessian_once(monkeypatch):
+    """laplace-torch's full Laplace makes its zero P x P Hessian at construction and again at
+    ``fit`` (``override=True``), the second while the first is held; a fresh one is fitted
+    without the second (P^2 x 8 bytes less at peak), to the same exact posterior precision."""
+    from laplace.baselaplace import FullLaplace
+
+    made = []
+    original = FullLaplace._init_H
+    monkeypatch.setattr(FullLaplace, "_init_H", lambda self: (made.append(self.n_params), original(self))[1])
+    X, y, mean, precision = conjugate_problem()
+    result = laplace(bayesian_linear_model(), X, y.unsqueeze(-1), hessian="full", tune_prior=False, map_estimate={"weight": mean.reshape(1, 3)},
+                     num_samples=2, seed=1)
+    assert made == [3]
+    torch.testing.assert_close(result.approximation.posterior_precision, precision, rtol=1e-12, atol=0)
+
+
 @pytest.mark.parametrize("case", ["targets_1d", "targets_2d", "several_outputs", "float64", "noise_prior", "dropout", "custom_forward", "numpy",
                                   "cnn_regression"])
 def test_function_space_path_on_the_conformance_cases(case):
