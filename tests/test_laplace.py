@@ -301,8 +301,8 @@ def test_a_float64_models_full_curvature_is_formed_in_float64():
 
 def test_a_full_laplace_allocates_its_hessian_once(monkeypatch):
     """laplace-torch's full Laplace makes its zero P x P Hessian at construction and again at
-    ``fit`` (``override=True``), the second while the first is held; a fresh one is fitted
-    without the second (P^2 x 8 bytes less at peak), to the same exact posterior precision."""
+    ``fit`` (``override=True``); a fresh one is fitted without the second (a P x P fill less),
+    to the same exact posterior precision."""
     from laplace.baselaplace import FullLaplace
 
     made = []
