@@ -157,12 +157,12 @@ class MLPTangentKernel:
             n_b = g_b.shape[-3]
             # one matrix product per factor (an einsum's parsing and permutes cost as much at these sizes)
             grads = g_a.reshape(*batch, n_a * m, h) @ g_b.reshape(*g_b.shape[:-3], n_b * m, h).transpose(-1, -2)
-            scale = None  # (..., n_a, n_b), or a number
+            scale = None  # (..., n_a, n_b) where the weights are covered, else the bias's variance alone
             if s_w is not None:
                 scale = s_w * (u_a @ u_b.transpose(-1, -2))
             if s_b is not None:
                 scale = s_b if scale is None else scale + s_b
-            if m > 1 and isinstance(scale, torch.Tensor) and scale.dim() >= 2:  # each point's m x m block by its pair's scale
+            if m > 1 and s_w is not None:  # each point's m x m block by its pair's scale
                 *shape, _, _ = grads.shape
                 term = (grads.reshape(*shape, n_a, m, n_b, m) * scale[..., :, None, :, None]).reshape(grads.shape)
             else:
