@@ -438,8 +438,8 @@ def test_the_variance_form_is_the_expectation_at_equal_inputs(activation):
 @pytest.mark.parametrize("activation", ["erf", "relu", "cos"])
 def test_the_cross_covariance_with_fixed_points_is_the_kernels(activation):
     """``NNGPCrossCovariance(network, points)(x)`` is the network's covariance at ``x`` (diagonal)
-    and between ``x`` and the points, with their gradients in ``x``; inputs of the wrong shape are
-    refused, naming the argument."""
+    and between ``x`` and the points, with their gradients in ``x``; inputs of the wrong shape and
+    non-finite points are refused, naming the argument; with no points the variances stand alone."""
     from pyrobnn.models.infinite_width import NNGPCrossCovariance
 
     g = torch.Generator().manual_seed(3)
@@ -459,6 +459,12 @@ def test_the_cross_covariance_with_fixed_points_is_the_kernels(activation):
         NNGPCrossCovariance(network, points[:, :3])
     with pytest.raises(ValueError, match=r"x must be \(n, 4\)"):
         NNGPCrossCovariance(network, points)(x[None])
+    with pytest.raises(ValueError, match="points has NaN or infinite values"):
+        NNGPCrossCovariance(network, torch.cat([points, torch.full((1, d), math.nan, dtype=torch.float64)]))
+    # no points: the variances alone, and an empty cross-covariance
+    variances, cross = NNGPCrossCovariance(network, points[:0])(x)
+    assert cross.shape == (6, 0)
+    torch.testing.assert_close(variances, expected_variances, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("activations, ard, outcomes, depth", [

@@ -245,6 +245,8 @@ class NNGPCrossCovariance:
         d = network.input_center.numel()
         if points.dim() != 2 or points.shape[-1] != d:
             raise ValueError(f"points must be (N, {d}): points by the network's {d} inputs, got shape {tuple(points.shape)}")
+        if not bool(torch.isfinite(points).all()):
+            raise ValueError("points has NaN or infinite values")
         self.activation = network.activation
         self._weights = [w * w for w in network.weight_scales]
         self._biases = [b * b for b in network.bias_scales]
