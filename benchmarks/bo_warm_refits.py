@@ -145,12 +145,14 @@ def refit_scores(method, model, X_test, Y_test, Y):
     return dict(record, L=float(stats["L"].double().mean()), divergences=int(stats["nonfinite"].sum()))
 
 
-def run(method, name, design, variants, refits, budget):
-    """Each variant's refits along one design of ``name``: a list of per-refit records."""
+def run(method, name, design, variants, refits, budget, activations=None):
+    """Each variant's refits along one design of ``name``: a list of per-refit records
+    (``activations``: those the calibrations choose among, as ``bayesopt.py --activations``;
+    default: the method's)."""
     from torch.quasirandom import SobolEngine
 
     settings = bayesopt.QUICK if budget == "quick" else bayesopt.FULL
-    settings = dict(settings, activations=None)
+    settings = dict(settings, activations=activations)
     p = problem(name)
     X = SobolEngine(p.d, scramble=True, seed=design).draw(settings["n_init"]).to(torch.float64)
     more = SobolEngine(p.d, scramble=True, seed=10_000 + design)
@@ -208,6 +210,9 @@ def main(argv=None):
     parser.add_argument("--variants", nargs="+", default=None,
                         help="NUTS's restart, carried:W, carried-stats:W, carried-windows:W, depth:D, samples:S (default: restart carried:10 "
                              "carried:50 carried-windows:50); MCLMC's restart, tuning:F, carried:F, tuning:A/B/C, carried:A/B/C (default: restart tuning:0.25)")
+    parser.add_argument("--activations", nargs="+", default=None, choices=bayesopt.ACTIVATIONS,
+                        help="the activations the calibrations choose among (default: the method's), as bayesopt.py's; a refit whose "
+                             "data choose another activation than its previous fit's starts cold in every variant")
     args = parser.parse_args(argv)
     if args.variants is None:
         args.variants = ["restart", "carried:10", "carried:50", "carried-windows:50"] if args.method == "nuts" else ["restart", "tuning:0.25"]
@@ -235,7 +240,8 @@ def main(argv=None):
     with threadpool_limits(1):
         for name in problems:
             for design in range(designs):
-                records += run(args.method, name, design, args.variants, refits, budget)
+                records += run(args.method, name, design, args.variants, refits, budget,
+                               args.activations and list(dict.fromkeys(args.activations)))
     summary = summarize(records, args.variants)
     print(f"\n{args.method}, per variant over every refit: median seconds, held-out NLL; refits with a lower NLL than restart's")
     undone = "divergent" if args.method == "nuts" else "steps undone"
@@ -243,7 +249,8 @@ def main(argv=None):
         paired = "" if s["nll_below_restart"] is None else f"   NLL below restart's in {s['nll_below_restart']} of {s['refits']} (median difference {s['nll_difference_to_restart']:+.3f})"
         leapfrogs = "" if s["leapfrogs"] is None else f"  {s['leapfrogs']:5.1f} leapfrogs"
         print(f"  {v:18s} {s['seconds']:6.2f} s{leapfrogs}  NLL {s['nll']:7.3f}  {s['divergences']} {undone}{paired}")
-    print(json.dumps(dict(settings=dict(method=args.method, problems=problems, designs=designs, refits=refits, budget=budget, variants=args.variants),
+    print(json.dumps(dict(settings=dict(method=args.method, problems=problems, designs=designs, refits=refits, budget=budget, variants=args.variants,
+                                        activations=args.activations),
                           records=records, summary=summary)))
 
 

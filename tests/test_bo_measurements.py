@@ -129,10 +129,14 @@ def test_bo_warm_refits_benchmark_pairs_each_variant_with_the_registered_warm_st
     variant's refits on the same points; the carried variant runs the warm-up it names, the
     registered restart a quarter of the cold one, depth:2 trees of at most 3 leapfrog steps and
     samples:8 eight draws per chain (the quick budget's 16 members); the summary pairs each variant's NLL with the restart's at the
-    same n, and a run without the restart to pair with is refused."""
+    same n, and a run without the restart to pair with is refused. Erf and ReLU offered (``--activations``): these data keep the
+    cold fit's activation at both refits, so that every refit is warm (with NUTS's cosine network offered too, a refit's data
+    choose another and it starts cold)."""
     script = os.path.join(ROOT, "benchmarks", "bo_warm_refits.py")
-    stdout = run_command([sys.executable, script, "--quick", "--refits", "2", "--variants", "restart", "carried:5", "depth:2", "samples:8"])
+    stdout = run_command([sys.executable, script, "--quick", "--refits", "2", "--variants", "restart", "carried:5", "depth:2", "samples:8",
+                          "--activations", "erf", "relu"])
     report = json.loads(stdout.strip().splitlines()[-1])
+    assert report["settings"]["activations"] == ["erf", "relu"]
     records = report["records"]
     assert [r["variant"] for r in records if r["n"] == 6] == ["cold"]
     for variant, warmup in (("restart", 25), ("carried:5", 5), ("depth:2", 25), ("samples:8", 25)):  # the quick budget's cold warm-up is 100
