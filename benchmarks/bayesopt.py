@@ -347,8 +347,9 @@ def main(argv=None):
     parser.add_argument("--raw-samples", type=int, default=None, help="optimize_acqf's raw_samples (default: the budget's)")
     parser.add_argument("--activations", nargs="+", default=None, choices=ACTIVATIONS,
                         help="the activations the infinite-width GP's fit and the surrogates' calibrations choose among, for every "
-                             "surrogate whose network is its limit's (all but `laplace:joint`, an erf network); default: the library's, erf "
-                             "and relu")
+                             "surrogate whose network is its limit's (all but `laplace:joint`, an erf network); default: each method's "
+                             "(the infinite-width GP's erf and relu; the surrogates' MethodSpec.bo_activations: NUTS's erf, relu "
+                             "and cos, the others' erf and relu)")
     parser.add_argument("--out", default=None, help="folder for bayesopt_runs.json and the regret plots")
     parser.add_argument("--results", default=None, help="a results file (docs/results.json) to record the median regrets in")
     parser.add_argument("--from-runs", nargs="+", default=None,

@@ -69,7 +69,7 @@ def fit(method, X, Y, budget, num_samples, seed, activations=None):
     """The surrogate ``method`` fitted to ``(X, Y)`` as the BO benchmark's first step fits it
     (``bayesopt.fit_model``: the GP, the infinite-width GP, a pyrobnn method with its options at
     the budget, or a form of the Laplace surrogate of ``bayesopt.LAPLACE_FORMS``), its calibration
-    choosing among ``activations`` (default: the library's)."""
+    choosing among ``activations`` (default: each method's, as ``bayesopt.py``'s)."""
     return bayesopt.fit_model(method, X, Y, seed, dict(num_samples=num_samples, activations=activations), budget)
 
 
@@ -162,7 +162,7 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int)
     parser.add_argument("--activations", nargs="+", choices=bayesopt.ACTIVATIONS,
                         help="the activations the infinite-width GP's fit and the surrogates' calibrations choose among "
-                             "(bayesopt.py's --activations); default: the library's, erf and relu")
+                             "(bayesopt.py's --activations); default: each method's, as there")
     args = parser.parse_args(argv)
     settings = dict(QUICK if args.quick else FULL)
     for key in ("problems", "methods", "sizes", "seeds", "activations"):

@@ -99,7 +99,7 @@ def main(argv=None):
     parser.add_argument("--designs", type=int, default=1, help="Sobol designs (seeds 0, 1, ...) per problem")
     parser.add_argument("--threads", type=int, default=1, help="torch's and the BLAS/OpenMP libraries' threads")
     parser.add_argument("--activations", nargs="+", default=None, choices=bayesopt.ACTIVATIONS,
-                        help="the activations the calibrations choose among (default: erf and ReLU), as bayesopt.py's")
+                        help="the activations the calibrations choose among (default: each method's), as bayesopt.py's")
     args = parser.parse_args(argv)
     if args.designs < 1:
         parser.error(f"--designs must be at least 1, got {args.designs}")

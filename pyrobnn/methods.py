@@ -199,6 +199,11 @@ class MethodSpec:
         an erf network without the mean (better in regret for NUTS, MCLMC, the deep ensemble, SWAG
         and IVON; not for Laplace, whose linearized predictive at the MAP gained nothing from it
         on Ackley-10 and Levy-20; docs/bayesopt.md).
+    :ivar bo_activations: the activations its default surrogate's calibration chooses among where
+        that network is its limit's (``bo_limit_network``); ``None``:
+        :data:`~pyrobnn.integrations.infinite_width_gp.DEFAULT_ACTIVATIONS`, erf and ReLU. NUTS
+        offers the stationary cosine network too, which put it ahead of random search on every
+        development problem (docs/bayesopt.md).
     :ivar warm_start: how a refit starts from its previous result (:class:`WarmStart`;
         ``None``: a refit starts cold).
     """
@@ -217,6 +222,7 @@ class MethodSpec:
     rules: tuple = ()
     bo_options: dict = field(default_factory=dict)
     bo_limit_network: bool = False
+    bo_activations: Optional[tuple] = None
     warm_start: Optional[WarmStart] = None
 
     def __post_init__(self):

@@ -491,6 +491,31 @@ def test_the_calibration_offered_the_cosine_network_builds_it_and_keeps_it_in_re
     assert infinite_width_of(both.result.model).activation == chosen
 
 
+def test_each_method_offers_its_calibration_its_own_activations_unless_told():
+    """With no ``activations`` a default surrogate's calibration chooses among its method's
+    ``MethodSpec.bo_activations``: NUTS's fits erf, ReLU and the cosine network, the ensemble's
+    (no ``bo_activations``) erf and ReLU only; a warm refit keeps NUTS's three; a call's
+    ``activations`` replaces the method's; a given model has none to choose."""
+    from pyrobnn import methods
+
+    assert methods.spec("nuts").bo_activations == ("erf", "relu", "cos")
+    assert methods.spec("deep_ensemble").bo_activations is None
+    X, Y = data(n=16)
+    s = fit_surrogate(X[:12], Y[:12], "nuts", options=QUICK["nuts"], num_samples=4)
+    assert s.fit_record.activations == ("erf", "relu", "cos")
+    assert {a for a, _ in s.fit_record.calibration.infinite_width_fits} == {"erf", "relu", "cos"}
+    t = s.condition_on_observations(X[12:], Y[12:])
+    assert {a for a, _ in t.fit_record.calibration.infinite_width_fits} == {"erf", "relu", "cos"}
+    e = fit_surrogate(X, Y, "deep_ensemble", options=QUICK["deep_ensemble"], num_samples=4)
+    assert e.fit_record.activations is None
+    assert {a for a, _ in e.fit_record.calibration.infinite_width_fits} == {"erf", "relu"}
+    told = fit_surrogate(X, Y, "nuts", options=QUICK["nuts"], num_samples=4, activations=("relu",))
+    assert told.fit_record.activations == ("relu",)
+    assert {a for a, _ in told.fit_record.calibration.infinite_width_fits} == {"relu"}
+    given = fit_surrogate(X, Y, "nuts", model=default_model(D, 1), options=QUICK["nuts"], num_samples=4)
+    assert given.fit_record.activations is None and given.fit_record.calibration is None
+
+
 def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data():
     from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
     from pyrobnn.models.infinite_width import Erf, InputScaling, infinite_width_of
@@ -531,9 +556,12 @@ def test_a_samplers_surrogate_is_its_calibrated_limits_whole_network_started_at_
     """The samplers' MethodSpec.bo_limit_network is on: the default network has the units its
     calibration chose and the fitted GP's constant mean as its output offset (the network whose
     limit the calibration is), with the calibration's scales as its priors; a cold fit's chains
-    start at draws from that prior, a warm refit's where the previous chains ended."""
+    start at draws from that prior, a warm refit's where the previous chains ended. Erf and ReLU
+    offered, which these data choose alike at both fits (offered NUTS's cosine network too, the
+    refit's data choose another activation than the fit's, and its chains start again from the
+    prior: that network's posterior is not the previous one's)."""
     X, Y = data()
-    s = fit_surrogate(X, Y, method, options=QUICK[method], num_samples=4)
+    s = fit_surrogate(X, Y, method, options=QUICK[method], num_samples=4, activations=("erf", "relu"))
     name = {"nuts": "NUTS", "mclmc": "MCLMC"}[method]
     assert s.result.method == f"pyrobnn {name} (prior-initialized)"
     assert s.refit(X[:2], Y[:2]).result.method == f"pyrobnn {name} (from given starts)"

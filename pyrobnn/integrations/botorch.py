@@ -6,8 +6,9 @@ model is given, its prior is chosen by the data at every fit: the scales and noi
 the marginal likelihood of the network's infinite-width limit
 (:func:`~pyrobnn.integrations.infinite_width_gp.calibrated_model`), and for the methods whose
 ``MethodSpec.bo_limit_network`` is set (NUTS, MCLMC, the deep ensemble, SWAG, IVON) the limit's whole network: the
-activation its fit chose (erf or ReLU, or among ``activations``: the stationary cosine network on
-request) and its constant mean as an output offset. The surrogates:
+activation its fit chose (among the method's ``MethodSpec.bo_activations``: erf and ReLU, and for
+NUTS the stationary cosine network too; or among ``activations``) and its constant mean as an
+output offset. The surrogates:
 
 - :class:`PosteriorSurrogate` (every method): BoTorch's ``EnsembleModel`` over ``S`` weight
   draws of the result, :math:`f_s(x) = f(x, w_s)`. Each member is one whole function (the same
@@ -170,7 +171,8 @@ class SurrogateFit:
     #: a default surrogate's last calibration (:func:`calibration_fit`), which its warm refit's
     #: calibration starts from
     calibration: object = None
-    #: the activations a default surrogate's calibration chooses among (``None``: its method's default)
+    #: the activations a default surrogate's calibration chooses among (the call's, else its method's
+    #: ``MethodSpec.bo_activations``; ``None``: the calibration's default, erf and ReLU)
     activations: Optional[tuple] = None
 
 
@@ -828,9 +830,11 @@ def fit_surrogate(
         Gaussian with laplace-torch's joint covariance) or ``"samples"`` (a
         :class:`PosteriorSurrogate` over the linearized predictive at the result's draws).
     :param activations: for the default model of a method whose ``MethodSpec.bo_limit_network``
-        is set (or of Laplace's ``"bounded"`` form): the activations its calibration chooses among (default
+        is set (or of Laplace's ``"bounded"`` form): the activations its calibration chooses among
+        (default: the method's ``MethodSpec.bo_activations``, for NUTS erf, ReLU and the cosine
+        network, whose prior is stationary; for the others
         :data:`~pyrobnn.integrations.infinite_width_gp.DEFAULT_ACTIVATIONS`, erf and ReLU), e.g.
-        ``("erf", "relu", "cos")`` to offer the cosine network, whose prior is stationary.
+        ``("erf", "relu", "cos")`` to offer the cosine network to another method.
     """
     record = _record(train_X, train_Y, method, model, options, num_samples, seed, input_transform, outcome_transform,
                      warm_fraction, laplace_form, activations)
@@ -859,6 +863,8 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
             activations = checked_activations(activations)
         except ValueError as error:  # named by this function's argument, not the fit's
             raise ValueError(f"activations: {error}") from None
+    elif model is None and takes_limit_network(method, laplace_form):
+        activations = methods.spec(method).bo_activations  # None: the calibration's default
     if not 0.0 < float(warm_fraction) <= 1.0:
         raise ValueError(f"warm_fraction must be in (0, 1], got {warm_fraction!r}")
     train_X, train_Y = _check_xy(train_X, train_Y)
