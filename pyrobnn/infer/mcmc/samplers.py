@@ -444,8 +444,8 @@ register(MethodSpec(
     bo_options=dict(num_samples=64, num_warmup=200, num_chains=4, max_tree_depth=6, init="prior", dtype=torch.float32),
     bo_limit_network=True,
     # its calibration offered the stationary cosine network too: ahead of random search on every
-    # development problem, Hartmann-6 among them, where with erf and ReLU alone it was behind
-    # (docs/bayesopt.md, "NUTS offered the cosine network", 2026-12-08)
+    # development problem, Hartmann-6 among them, where with erf and ReLU alone it was level with
+    # it (docs/bayesopt.md, "NUTS offered the cosine network", 2026-12-08)
     bo_activations=("erf", "relu", "cos"),
     # a refit's chains go on from their last draws with a quarter of the warm-up, adapting from
     # scratch: starting it from the previous run's step sizes and its draws' variance
