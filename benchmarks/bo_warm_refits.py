@@ -230,6 +230,7 @@ def main(argv=None):
     if any(p not in known for p in problems):
         parser.error(f"--problems: {[p for p in problems if p not in known]} are not single-objective problems of bo_problems.py")
     budget = "quick" if args.quick else "full"
+    activations = args.activations and list(dict.fromkeys(args.activations))
     refits = args.refits if args.refits is not None else (3 if args.quick else bayesopt.FULL["steps"] - 1)
     designs = 1 if args.quick else args.designs
     from threadpoolctl import threadpool_limits
@@ -240,8 +241,7 @@ def main(argv=None):
     with threadpool_limits(1):
         for name in problems:
             for design in range(designs):
-                records += run(args.method, name, design, args.variants, refits, budget,
-                               args.activations and list(dict.fromkeys(args.activations)))
+                records += run(args.method, name, design, args.variants, refits, budget, activations)
     summary = summarize(records, args.variants)
     print(f"\n{args.method}, per variant over every refit: median seconds, held-out NLL; refits with a lower NLL than restart's")
     undone = "divergent" if args.method == "nuts" else "steps undone"
@@ -250,7 +250,7 @@ def main(argv=None):
         leapfrogs = "" if s["leapfrogs"] is None else f"  {s['leapfrogs']:5.1f} leapfrogs"
         print(f"  {v:18s} {s['seconds']:6.2f} s{leapfrogs}  NLL {s['nll']:7.3f}  {s['divergences']} {undone}{paired}")
     print(json.dumps(dict(settings=dict(method=args.method, problems=problems, designs=designs, refits=refits, budget=budget, variants=args.variants,
-                                        activations=args.activations),
+                                        activations=activations),
                           records=records, summary=summary)))
 
 

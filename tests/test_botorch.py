@@ -516,6 +516,20 @@ def test_each_method_offers_its_calibration_its_own_activations_unless_told():
     assert given.fit_record.activations is None and given.fit_record.calibration is None
 
 
+
+def test_a_methods_unknown_bo_activation_is_refused_naming_its_field(monkeypatch):
+    """A registered method whose ``bo_activations`` names an activation the calibration does not
+    have is refused before any fit, naming the field and the method, not a call's argument."""
+    import dataclasses
+
+    from pyrobnn import methods
+
+    monkeypatch.setitem(methods.METHODS, "nuts", dataclasses.replace(methods.spec("nuts"), bo_activations=("erf", "tanh")))
+    X, Y = data()
+    with pytest.raises(ValueError, match=r"MethodSpec.bo_activations of 'nuts': activation must be one of"):
+        fit_surrogate(X, Y, "nuts", options=QUICK["nuts"], num_samples=4)
+
+
 def test_default_model_is_an_erf_mlp_whose_prior_each_fit_chooses_from_its_data():
     from pyrobnn.integrations.infinite_width_gp import infinite_width_gp
     from pyrobnn.models.infinite_width import Erf, InputScaling, infinite_width_of

@@ -859,12 +859,15 @@ def _record(train_X, train_Y, method, model, options, num_samples, seed, input_t
             hint = " (laplace_form='bounded' takes its limit's)" if method == "laplace" else ""
             raise ValueError(f"activations: the default surrogate of {method!r} is an erf network (its MethodSpec.bo_limit_network "
                              f"is false){hint}, whose activation the calibration does not choose")
-        try:
-            activations = checked_activations(activations)
-        except ValueError as error:  # named by this function's argument, not the fit's
-            raise ValueError(f"activations: {error}") from None
+        source = "activations"
     elif model is None and takes_limit_network(method, laplace_form):
         activations = methods.spec(method).bo_activations  # None: the calibration's default
+        source = f"MethodSpec.bo_activations of {method!r}"
+    if activations is not None:
+        try:
+            activations = checked_activations(activations)
+        except ValueError as error:  # named by where the set came from, not by the fit
+            raise ValueError(f"{source}: {error}") from None
     if not 0.0 < float(warm_fraction) <= 1.0:
         raise ValueError(f"warm_fraction must be in (0, 1], got {warm_fraction!r}")
     train_X, train_Y = _check_xy(train_X, train_Y)
